@@ -1,0 +1,18 @@
+"""Benchmarks reached through `ninfer bench NAME [--json]`.
+
+Each module named in BENCHES defines `run(argv: list[str]) -> dict`: it does the work, prints
+progress to stderr, and returns one flat-ish dict of figures that the CLI prints (as one JSON
+object with --json, as aligned lines otherwise).
+"""
+import importlib
+
+BENCHES = {
+    "model": "ninfer_jax.bench.model_bench",
+    "ledger": "ninfer_jax.bench.ledger_bench",
+}
+
+
+def load(name: str):
+    if name not in BENCHES:
+        raise KeyError(f"unknown benchmark {name!r}; choose one of {sorted(BENCHES)}")
+    return importlib.import_module(BENCHES[name])

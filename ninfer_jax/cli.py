@@ -1,0 +1,90 @@
+"""The `ninfer` command: generate | chat | serve | bench | trace (absl flags).
+
+Flags are named like the Python API. Output goes to stdout, progress to stderr.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+_MODEL = flags.DEFINE_string("model", "builtin:tiny-hybrid", "Checkpoint folder or builtin:tiny-hybrid.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter and activation dtype.")
+_PROMPT = flags.DEFINE_string("prompt", "Hello", "Prompt text, or token ids when --token_ids is set.")
+_TOKEN_IDS = flags.DEFINE_string("token_ids", None, "Comma-separated prompt token ids (instead of --prompt).")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "Tokens to generate.", lower_bound=1)
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 is greedy.", lower_bound=0.0)
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_JSON = flags.DEFINE_bool("json", False, "bench: print one JSON object.")
+
+COMMANDS = ("generate", "chat", "serve", "bench", "trace")
+
+
+def _usage() -> str:
+    return "usage: ninfer {" + "|".join(COMMANDS) + "} [flags]   (ninfer --helpfull lists the flags)"
+
+
+def _print_figures(figures: dict) -> None:
+    if _JSON.value:
+        print(json.dumps(figures, sort_keys=True))
+        return
+    width = max((len(k) for k in figures), default=0)
+    for key, value in figures.items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        print(f"{key:<{width}}  {value}")
+
+
+def cmd_bench(args: list[str]) -> int:
+    from ninfer_jax import bench
+
+    if not args:
+        print(f"usage: ninfer bench {{{'|'.join(sorted(bench.BENCHES))}}} [--json]", file=sys.stderr)
+        return 2
+    try:
+        module = bench.load(args[0])
+    except KeyError as e:
+        print(f"ninfer bench: {e.args[0]}", file=sys.stderr)
+        return 2
+    _print_figures(module.run(args[1:]))
+    return 0
+
+
+def cmd_generate(args: list[str]) -> int:
+    from ninfer_jax.generate_simple import generate_cli
+
+    return generate_cli(
+        model=_MODEL.value,
+        dtype=_DTYPE.value,
+        prompt=_PROMPT.value,
+        token_ids=_TOKEN_IDS.value,
+        max_tokens=_MAX_TOKENS.value,
+        temperature=_TEMPERATURE.value,
+        seed=_SEED.value,
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(_usage(), file=sys.stderr)
+        return 2
+    command, rest = argv[1], argv[2:]
+    handlers = {"bench": cmd_bench, "generate": cmd_generate}
+    if command not in handlers:
+        if command in COMMANDS:
+            print(f"ninfer {command}: not available yet in this build", file=sys.stderr)
+        else:
+            print(f"ninfer: unknown command {command!r}\n{_usage()}", file=sys.stderr)
+        return 2
+    return handlers[command](rest)
+
+
+def run() -> None:
+    app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == "__main__":
+    run()
