@@ -1,0 +1,66 @@
+"""`builtin:tiny-hybrid`: a small Qwen3.5-style hybrid with deterministic random weights.
+
+It lets everything (CLI, tests, benchmarks) run with no files. Its vocabulary is the built-in
+tokenizer's (1024 ids). The layer pattern is the family's: three GDN layers, then one gated
+full-attention layer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer_jax.model.config import ModelConfig, parse_config
+
+NAME = "builtin:tiny-hybrid"
+SEED = 20261130
+
+HF_CONFIG = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+}
+
+
+def config() -> ModelConfig:
+    return parse_config(HF_CONFIG)
+
+
+def params(cfg: ModelConfig, dtype) -> dict:
+    """Deterministic weights: fan-in scaled normals, norm offsets around 0 (zero-centred norms),
+    GDN decay parameters in their trained ranges."""
+    from ninfer_jax.model.weights import param_shapes
+
+    rng = np.random.default_rng(SEED)
+
+    def leaf(name: str, shape: tuple) -> np.ndarray:
+        if name == "A_log":
+            return np.log(rng.uniform(1.0, 16.0, shape))
+        if name == "dt_bias":
+            return rng.uniform(-1.0, 1.0, shape)
+        if name.endswith("norm") and name != "norm" or name in ("input_norm", "post_norm"):
+            return rng.normal(0.0, 0.1, shape)
+        if name == "norm" and len(shape) == 1:  # GDN output norm and the final norm
+            return rng.normal(0.0 if shape[0] == cfg.hidden_size else 1.0, 0.1, shape)
+        if name == "embed":
+            return rng.normal(0.0, 0.15, shape)
+        fan_in = shape[-2] if len(shape) >= 2 else shape[0]
+        return rng.normal(0.0, fan_in ** -0.5, shape)
+
+    shapes = param_shapes(cfg)
+    out = {k: leaf(k, v).astype(dtype) for k, v in shapes.items() if k != "layers"}
+    out["layers"] = [{k: leaf(k, v).astype(dtype) for k, v in layer.items()} for layer in shapes["layers"]]
+    return out

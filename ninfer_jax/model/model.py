@@ -1,0 +1,89 @@
+"""`load_model` and the whole-sequence reference forward pass.
+
+`Model.forward(token_ids)` runs one uncached pass with dense causal attention and the
+token-by-token delta rule: the reference that every cached path (paged steps, reuse, replay)
+is compared with. It shares nothing with the paged steps but the per-layer projections.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ninfer_jax.errors import ConfigError, RequestError
+from ninfer_jax.model import builtin, layers as L
+from ninfer_jax.model.config import LINEAR, ModelConfig, load_config
+from ninfer_jax.model.weights import load_params
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass
+class Model:
+    """A loaded model: config, parameters (a pytree of device arrays) and MTP tensors."""
+
+    config: ModelConfig
+    params: dict
+    dtype: jnp.dtype
+    name: str
+    mtp: dict | None = None  # kept by name for the speculative backend
+
+    def forward(self, token_ids) -> jax.Array:
+        """Logits `[T, vocab]` (float32) of one whole uncached pass over `token_ids` `[T]`."""
+        tokens = jnp.asarray(token_ids, dtype=jnp.int32)
+        if tokens.ndim != 1 or tokens.shape[0] == 0:
+            raise RequestError(f"token_ids must be a non-empty 1-D sequence, got shape {tokens.shape}")
+        bad = np.asarray((tokens < 0) | (tokens >= self.config.vocab_size))
+        if bad.any():
+            raise RequestError(f"token id {int(np.asarray(tokens)[bad][0])} outside the vocabulary "
+                               f"[0, {self.config.vocab_size})")
+        return _forward(self.params, tokens, self.config)
+
+
+def lm_head(params: dict, x: jax.Array) -> jax.Array:
+    """Final hidden `[..., H]` → logits `[..., V]` in float32 (tied or separate head)."""
+    w = params["lm_head"] if "lm_head" in params else params["embed"].T
+    return L.matmul(x, w).astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _forward(params: dict, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
+    x = params["embed"][tokens]
+    positions = jnp.arange(tokens.shape[0])
+    for i, p in enumerate(params["layers"]):
+        h = L.rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
+        if cfg.layer_types[i] == LINEAR:
+            mixed, z, b, a = L.gdn_project(p, h, cfg)
+            mixed = L.conv_reference(mixed, p["conv"])
+            q, k, v, g, beta = L.gdn_gates(p, mixed, b, a, cfg)
+            o, _ = L.delta_rule_reference(q, k, v, g, beta)
+            h = L.gdn_output(p, o, z, cfg)
+        else:
+            q, k, v, gate = L.attention_project(p, h, positions, cfg)
+            h = L.attention_output(p, L.dense_causal_attention(q, k, v), gate)
+        x = x + h
+        x = x + L.feed_forward(p, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps), cfg.mlp_types[i], cfg)
+    return lm_head(params, L.rms_norm(x, params["norm"], cfg.rms_norm_eps))
+
+
+def load_model(path_or_name: str = builtin.NAME, dtype: str = "float32") -> Model:
+    """A `Model` from a checkpoint folder (HF config.json + safetensors) or `builtin:tiny-hybrid`."""
+    if dtype not in DTYPES:
+        raise ConfigError("dtype", f"must be one of {sorted(DTYPES)}, got {dtype!r}")
+    np_dtype = np.dtype(jnp.dtype(DTYPES[dtype]))
+    if path_or_name.startswith("builtin:"):
+        if path_or_name != builtin.NAME:
+            raise ConfigError("model", f"unknown built-in model {path_or_name!r}; available: {builtin.NAME}")
+        cfg = builtin.config()
+        params, mtp = builtin.params(cfg, np_dtype), None
+    else:
+        if not os.path.isdir(path_or_name):
+            raise ConfigError("model", f"{path_or_name!r} is neither a folder nor {builtin.NAME}")
+        cfg = load_config(path_or_name)
+        params, mtp = load_params(path_or_name, cfg, np_dtype)
+    params = jax.tree.map(jnp.asarray, params)
+    return Model(config=cfg, params=params, dtype=DTYPES[dtype], name=path_or_name, mtp=mtp)
