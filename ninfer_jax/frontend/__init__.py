@@ -1,0 +1,28 @@
+"""Frontend: tokenizer, chat templates, typed rewrite points, recovery positions, markers.
+
+It decides every frontier the context cache saves or looks up (spec "Ownership": template
+rendering; token/position/media identity; typed rewrite points and the actual input recovery
+position; exact boundaries of shared markers). Pure Python: `tokenizers` and sandboxed `jinja2`.
+"""
+from .chat import ChatFrontend, RenderedPrompt, ResponsesPrompt
+from .errors import (FrontendError, InputTooLongError, MalformedInputError, MalformedToolCallError, MarkerError,
+                     TemplateError, TokenizerLoadError, UnknownResponseError, UnknownRoleError,
+                     UnsupportedContentError)
+from .identity import BLOCK_TOKENS, DigestChain, FrontierIdentity, MediaRange
+from .markers import (ContentBoundary, MarkerPolicy, MessageBoundary, RejectedMarker, ResolvedMarker,
+                      ToolsBoundary)
+from .provenance import Provenance, SourceSpan
+from .responses import ResponsesStore, StoredResponse
+from .rewrite import RecoveryKind, RecoveryPosition, RewriteKind, TypedRewritePoint
+from .sandbox import ChatTemplate
+from .tokenizer import BUILTIN_NAME, SpecialToken, Tokenizer
+
+__all__ = [
+    "BLOCK_TOKENS", "BUILTIN_NAME", "ChatFrontend", "ChatTemplate", "ContentBoundary", "DigestChain",
+    "FrontendError", "FrontierIdentity", "InputTooLongError", "MalformedInputError", "MalformedToolCallError",
+    "MarkerError", "MarkerPolicy", "MediaRange", "MessageBoundary", "Provenance", "RecoveryKind",
+    "RecoveryPosition", "RejectedMarker", "RenderedPrompt", "ResolvedMarker", "ResponsesPrompt",
+    "ResponsesStore", "RewriteKind", "SourceSpan", "SpecialToken", "StoredResponse", "TemplateError",
+    "TokenizerLoadError", "ToolsBoundary", "TypedRewritePoint", "UnknownResponseError", "UnknownRoleError",
+    "UnsupportedContentError",
+]
