@@ -50,3 +50,40 @@ def is_pow2(n: int) -> bool:
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def pallas_params(interpret: bool, num_warps: int = 4, num_stages: int = 2) -> dict:
+    """pallas_call keyword arguments selecting the Triton lowering (or the interpreter).
+
+    JAX >= 0.10 lowers a plain pallas_call on GPU with Mosaic GPU; these kernels are written
+    for Triton (power-of-two blocks, pointer loads), so the Triton CompilerParams are explicit.
+    """
+    if interpret:
+        return {"interpret": True}
+    from jax.experimental.pallas import triton as pltriton
+
+    return {"compiler_params": pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)}
+
+
+def largest_pow2_divisor(n: int, cap: int) -> int:
+    """Largest power of two dividing n, at most cap: a block size that tiles n exactly."""
+    b = 1
+    while b * 2 <= cap and n % (b * 2) == 0:
+        b *= 2
+    return b
+
+
+def dot(a, b, *, trans_b: bool = False):
+    """2-D matmul for kernel bodies, float32 accumulation.
+
+    float32 operands use Precision.HIGHEST (Triton "ieee", no TF32) so kernels match the
+    references; bf16 operands run on tensor cores as they are.
+    """
+    dims = (((1,), (1 if trans_b else 0,)), ((), ()))
+    return jax.lax.dot_general(a, b, dims, precision=HIGHEST, preferred_element_type=jnp.float32)
+
+
+def dot_tn(a, b):
+    """a^T @ b for 2-D a [K, M], b [K, N] -> [M, N] (float32)."""
+    dims = (((0,), (0,)), ((), ()))
+    return jax.lax.dot_general(a, b, dims, precision=HIGHEST, preferred_element_type=jnp.float32)

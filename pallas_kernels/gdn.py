@@ -26,8 +26,21 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
-from pallas_kernels._common import HIGHEST, check_backend, check_dims, check_ndim
+from pallas_kernels._common import (
+    HIGHEST,
+    check_backend,
+    check_dims,
+    check_ndim,
+    dot,
+    dot_tn,
+    is_pow2,
+    largest_pow2_divisor,
+    pallas_params,
+)
+
+_BLOCK_V = 64  # value columns per program: state columns evolve independently
 
 _f32 = jnp.float32
 
@@ -190,11 +203,142 @@ def recurrent_gated_delta_rule_step(
 
 
 # ----------------------------------------------------------------------------- Pallas
+# Grid (row, head, value block). A program keeps its [Dk, BV] slice of the state in
+# registers and walks the chunks in order; the chunk-local part (A, its inverse, W, U0) is
+# recomputed per value block, which is cheap next to the state matmuls and keeps programs
+# independent. (I + A)^-1 is formed by forward substitution, one row per step, as Triton
+# has no triangular solve.
 
 
-def _chunk_pallas(*args, chunk_size, interpret):
-    raise NotImplementedError("Pallas chunk_gated_delta_rule: not written yet")
+def _check_gpu_shapes(chunk_size, dk, dv):
+    # Triton needs power-of-two tensors and matmul dims >= 16.
+    bv = largest_pow2_divisor(dv, _BLOCK_V)
+    if not (is_pow2(chunk_size) and chunk_size >= 16):
+        raise ValueError(f"backend 'pallas' needs chunk_size a power of two >= 16, got {chunk_size}")
+    if not (is_pow2(dk) and dk >= 16):
+        raise ValueError(f"backend 'pallas' needs Dk a power of two >= 16, got Dk={dk}")
+    if bv < 16:
+        raise ValueError(f"backend 'pallas' needs Dv divisible by 16, got Dv={dv}")
 
 
-def _step_pallas(*args, interpret):
-    raise NotImplementedError("Pallas recurrent_gated_delta_rule_step: not written yet")
+def _unit_lower_inverse(a):
+    """(I + a)^-1 for strictly lower-triangular a [C, C], by forward substitution."""
+    c = a.shape[0]
+    rows = jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
+    cols = jax.lax.broadcasted_iota(jnp.int32, (c, c), 1)
+    vec = jax.lax.broadcasted_iota(jnp.int32, (c,), 0)
+
+    def body(i, inv):
+        # Row i: inv_i = e_i - sum_{s<i} a[i, s] inv_s; rows >= i of inv are still e_s and
+        # a[i, s>=i] = 0, so a full-width product is exact.
+        a_i = jnp.sum(jnp.where(rows == i, a, 0.0), axis=0)  # [C] over s
+        row = jnp.where(vec == i, 1.0, 0.0) - jnp.sum(a_i[:, None] * inv, axis=0)
+        return jnp.where(rows == i, row[None, :], inv)
+
+    return jax.lax.fori_loop(1, c, body, jnp.where(rows == cols, 1.0, 0.0).astype(jnp.float32))
+
+
+def _chunk_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, s0_ref, o_ref, s_ref, *, chunk):
+    # q_ref, k_ref [Tp, Dk]; v_ref [Tp, BV]; g_ref (chunk-local cumsum), b_ref [Tp];
+    # s0_ref [Dk, BV] (aliased with s_ref); o_ref [Tp, BV]
+    c = chunk
+    n_chunks = q_ref.shape[0] // c
+    rows = jax.lax.broadcasted_iota(jnp.int32, (c, c), 0)
+    cols = jax.lax.broadcasted_iota(jnp.int32, (c, c), 1)
+    strict, incl = rows > cols, rows >= cols
+
+    def body(ci, state):
+        sl = pl.ds(ci * c, c)
+        q = q_ref[sl, :].astype(jnp.float32)
+        k = k_ref[sl, :].astype(jnp.float32)
+        v = v_ref[sl, :].astype(jnp.float32)
+        gc = g_ref[sl]
+        beta = b_ref[sl]
+        g_last = g_ref[ci * c + c - 1]
+        diff = gc[:, None] - gc[None, :]  # G_t - G_s; masked before exp (>= 0 above diagonal)
+        a = jnp.where(strict, beta[:, None] * jnp.exp(jnp.where(strict, diff, 0.0)) * dot(k, k, trans_b=True), 0.0)
+        inv = _unit_lower_inverse(a)
+        eg = jnp.exp(gc)
+        w = dot(inv, (beta * eg)[:, None] * k)  # [C, Dk]
+        u = dot(inv, beta[:, None] * v) - dot(w, state)  # [C, BV] the chunk's deltas
+        p = jnp.where(incl, jnp.exp(jnp.where(incl, diff, 0.0)) * dot(q, k, trans_b=True), 0.0)
+        o_ref[sl, :] = (dot(eg[:, None] * q, state) + dot(p, u)).astype(o_ref.dtype)
+        return jnp.exp(g_last) * state + dot_tn(jnp.exp(g_last - gc)[:, None] * k, u)
+
+    s_ref[...] = jax.lax.fori_loop(0, n_chunks, body, s0_ref[...].astype(jnp.float32))
+
+
+def _chunk_pallas(q, k, v, g, beta, initial_state, *, chunk_size, interpret):
+    r, t, h, dk = q.shape
+    dv = v.shape[-1]
+    if not interpret:
+        _check_gpu_shapes(chunk_size, dk, dv)
+    c = chunk_size
+    n = -(-t // c)
+    tp = n * c
+    bv = largest_pow2_divisor(dv, _BLOCK_V)
+    q, k, v = (_pad_time(x, tp - t) for x in (q, k, v))  # [R, Tp, H, D]
+    g_rht = jnp.moveaxis(_pad_time(g.astype(_f32), tp - t), 1, 2)  # [R, H, Tp]
+    gcum = jnp.cumsum(g_rht.reshape(r, h, n, c), axis=-1).reshape(r, h, tp)
+    beta_rht = jnp.moveaxis(_pad_time(beta.astype(_f32), tp - t), 1, 2)
+    qk_spec = pl.BlockSpec((None, tp, None, dk), lambda i, j, b: (i, 0, j, 0))
+    v_spec = pl.BlockSpec((None, tp, None, bv), lambda i, j, b: (i, 0, j, b))
+    gb_spec = pl.BlockSpec((None, None, tp), lambda i, j, b: (i, j, 0))
+    s_spec = pl.BlockSpec((None, None, dk, bv), lambda i, j, b: (i, j, 0, b))
+    o, final = pl.pallas_call(
+        functools.partial(_chunk_kernel, chunk=c),
+        out_shape=(
+            jax.ShapeDtypeStruct((r, tp, h, dv), _f32),
+            jax.ShapeDtypeStruct((r, h, dk, dv), _f32),
+        ),
+        grid=(r, h, dv // bv),
+        in_specs=[qk_spec, qk_spec, v_spec, gb_spec, gb_spec, s_spec],
+        out_specs=(v_spec, s_spec),
+        input_output_aliases={5: 1},  # state updated in place when donated
+        name="chunk_gated_delta_rule",
+        **pallas_params(interpret, num_warps=8, num_stages=1),
+    )(q, k, v, gcum, beta_rht, initial_state.astype(_f32))
+    return o[:, :t], final
+
+
+def _step_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, s0_ref, o_ref, s_ref):
+    # q_ref, k_ref [Dk]; v_ref [BV]; g_ref, b_ref [B, H]; s0_ref/s_ref (aliased) [Dk, BV]; o_ref [BV]
+    bi, hi = pl.program_id(0), pl.program_id(1)
+    q = q_ref[...].astype(jnp.float32)
+    k = k_ref[...].astype(jnp.float32)
+    v = v_ref[...].astype(jnp.float32)
+    s = s0_ref[...].astype(jnp.float32) * jnp.exp(g_ref[bi, hi])
+    kv = jnp.sum(k[:, None] * s, axis=0)
+    s = s + k[:, None] * (b_ref[bi, hi] * (v - kv))[None, :]
+    o_ref[...] = jnp.sum(q[:, None] * s, axis=0)
+    s_ref[...] = s
+
+
+def _step_pallas(q, k, v, g, beta, state, *, interpret):
+    b, h, dk = q.shape
+    dv = v.shape[-1]
+    bv = largest_pow2_divisor(dv, _BLOCK_V)
+    if not interpret and not (is_pow2(dk) and bv >= 16):
+        raise ValueError(f"backend 'pallas' needs Dk a power of two and Dv divisible by 16, got {dk}, {dv}")
+    whole = pl.BlockSpec((b, h), lambda i, j, c: (0, 0))
+    s_spec = pl.BlockSpec((None, None, dk, bv), lambda i, j, c: (i, j, 0, c))
+    return pl.pallas_call(
+        _step_kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct((b, h, dv), _f32),
+            jax.ShapeDtypeStruct((b, h, dk, dv), _f32),
+        ),
+        grid=(b, h, dv // bv),
+        in_specs=[
+            pl.BlockSpec((None, None, dk), lambda i, j, c: (i, j, 0)),
+            pl.BlockSpec((None, None, dk), lambda i, j, c: (i, j, 0)),
+            pl.BlockSpec((None, None, bv), lambda i, j, c: (i, j, c)),
+            whole,
+            whole,
+            s_spec,
+        ],
+        out_specs=(pl.BlockSpec((None, None, bv), lambda i, j, c: (i, j, c)), s_spec),
+        input_output_aliases={5: 1},
+        name="recurrent_gated_delta_rule_step",
+        **pallas_params(interpret),
+    )(q, k, v, g.astype(_f32), beta.astype(_f32), state.astype(_f32))

@@ -3,9 +3,18 @@ copy-on-write of a tail page and StateImage slot copies. Negative indices mean "
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
+import math
 
-from pallas_kernels._common import check_backend, check_dims, check_int
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels._common import check_backend, check_dims, check_int, largest_pow2_divisor, pallas_params
+
+# Elements moved per program: a power of two (Triton) that divides the row size exactly,
+# so no masked tail is needed. Rows whose size has no large power-of-two factor still work,
+# just with small blocks.
+_MAX_BLOCK = 2048
 
 
 # ----------------------------------------------------------------------------- validation
@@ -38,7 +47,7 @@ def gather_reference(pool, idx):
 
 
 def scatter_reference(pool, idx, values):
-    return pool.at[_drop_negative(idx, pool.shape[0])].set(values.astype(pool.dtype), mode="drop")
+    return jnp.asarray(pool).at[_drop_negative(idx, pool.shape[0])].set(values.astype(pool.dtype), mode="drop")
 
 
 def copy_reference(pool, src, dst):
@@ -101,15 +110,83 @@ def copy(
 
 
 # ----------------------------------------------------------------------------- Pallas
+# Every pool is viewed as [N, nb, bf] (row m = nb blocks of bf elements); the grid is
+# (M entries, nb blocks). Row indices are data, so the pool is passed whole and indexed by
+# the scalar idx[m] inside the kernel (GPU Pallas has no scalar-prefetch index maps).
 
 
-def _gather_pallas(*args, interpret):
-    raise NotImplementedError("Pallas gather: not written yet")
+def _blocked(pool):
+    n = pool.shape[0]
+    f = math.prod(pool.shape[1:])
+    bf = largest_pow2_divisor(f, _MAX_BLOCK)
+    return pool.reshape(n, f // bf, bf), f // bf, bf
 
 
-def _scatter_pallas(*args, interpret):
-    raise NotImplementedError("Pallas scatter: not written yet")
+def _whole(shape):
+    return pl.BlockSpec(tuple(shape), lambda *_: (0,) * len(shape))
 
 
-def _copy_pallas(*args, interpret):
-    raise NotImplementedError("Pallas copy: not written yet")
+def _gather_kernel(idx_ref, pool_ref, out_ref):
+    # idx_ref [M] int32; pool_ref [N, nb, bf]; out_ref [bf] (entry m, block j)
+    m, j = pl.program_id(0), pl.program_id(1)
+    n = pool_ref.shape[0]
+    i = idx_ref[m]
+    row = pool_ref[jnp.clip(i, 0, n - 1), j, :]
+    out_ref[...] = jnp.where(i >= 0, row, jnp.zeros_like(row))
+
+
+def _scatter_kernel(idx_ref, values_ref, pool_ref, out_ref):
+    # idx_ref [M]; values_ref [bf]; pool_ref (aliased to out_ref, not read) [N, nb, bf]
+    del pool_ref
+    m, j = pl.program_id(0), pl.program_id(1)
+    n = out_ref.shape[0]
+    i = idx_ref[m]
+
+    @pl.when((i >= 0) & (i < n))
+    def _():
+        out_ref[i, j, :] = values_ref[...]
+
+
+def _gather_pallas(pool, idx, *, interpret):
+    flat, nb, bf = _blocked(pool)
+    m = idx.shape[0]
+    out = pl.pallas_call(
+        _gather_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, nb, bf), pool.dtype),
+        grid=(m, nb),
+        in_specs=[_whole((m,)), _whole(flat.shape)],
+        out_specs=pl.BlockSpec((None, None, bf), lambda i, j: (i, j, 0)),
+        name="page_gather",
+        **pallas_params(interpret),
+    )(idx.astype(jnp.int32), flat)
+    return out.reshape((m,) + tuple(pool.shape[1:]))
+
+
+def _scatter_pallas(pool, idx, values, *, interpret):
+    flat, nb, bf = _blocked(pool)
+    m = idx.shape[0]
+    vals = values.astype(pool.dtype).reshape(m, nb, bf)
+    out = pl.pallas_call(
+        _scatter_kernel,
+        out_shape=jax.ShapeDtypeStruct(flat.shape, pool.dtype),
+        grid=(m, nb),
+        in_specs=[
+            _whole((m,)),
+            pl.BlockSpec((None, None, bf), lambda i, j: (i, j, 0)),
+            _whole(flat.shape),
+        ],
+        out_specs=_whole(flat.shape),
+        # The pool is updated in place when the caller donates it.
+        input_output_aliases={2: 0},
+        name="page_scatter",
+        **pallas_params(interpret),
+    )(idx.astype(jnp.int32), vals, flat)
+    return out.reshape(pool.shape)
+
+
+def _copy_pallas(pool, src, dst, *, interpret):
+    # Two passes (gather all sources, then scatter) so that chains like 0->1, 1->2 read the
+    # old rows: a single in-place pass would race between programs.
+    rows = _gather_pallas(pool, src, interpret=interpret)
+    dst = jnp.where(src < 0, -1, dst)
+    return _scatter_pallas(pool, dst, rows, interpret=interpret)

@@ -14,8 +14,19 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
-from pallas_kernels._common import HIGHEST, check_backend, check_dims, check_int, check_ndim
+from pallas_kernels._common import (
+    HIGHEST,
+    check_backend,
+    check_dims,
+    check_int,
+    check_ndim,
+    dot,
+    is_pow2,
+    next_pow2,
+    pallas_params,
+)
 
 # Finite "minus infinity": a fully masked row then gives a finite (discarded) result instead
 # of NaN from (-inf) - (-inf).
@@ -89,7 +100,7 @@ def write_kv_reference(k_pages, v_pages, k_new, v_new, page_table, start_pos, le
     slots = _write_slots(page_table, start_pos, lengths, t, ps, n).reshape(-1)
 
     def put(pool, new):
-        flat = pool.reshape(n * ps, hkv, d)
+        flat = jnp.asarray(pool).reshape(n * ps, hkv, d)
         flat = flat.at[slots].set(new.reshape(r * t, hkv, d).astype(pool.dtype), mode="drop")
         return flat.reshape(pool.shape)
 
@@ -205,15 +216,235 @@ def decode_attention(
 
 
 # ----------------------------------------------------------------------------- Pallas
+# Page ids are data, so the pools are passed whole and indexed inside the kernels with the
+# scalar page id (GPU Pallas has no scalar-prefetch index maps); one page of one kv head,
+# [page_size, head_dim], is the unit of every load. Triton needs page_size and head_dim to be
+# powers of two and matmul dims >= 16, hence query heads of a kv group padded to >= 16 rows.
+
+_QUERY_ROWS = 64  # target rows (queries x heads of one kv group) per prefill program
+_MAX_SPLITS = 16  # decode: key ranges per (row, kv head) processed in parallel
 
 
-def _write_kv_pallas(*args, interpret):
-    raise NotImplementedError("Pallas write_kv: not written yet")
+def _check_gpu_pool(k_pages):
+    _, ps, _, d = k_pages.shape
+    if not (is_pow2(ps) and ps >= 16 and is_pow2(d) and d >= 16):
+        raise ValueError(
+            f"backend 'pallas' needs page_size and head_dim powers of two >= 16, got k_pages {k_pages.shape}"
+        )
 
 
-def _prefill_attention_pallas(*args, scale, interpret):
-    raise NotImplementedError("Pallas prefill_attention: not written yet")
+def _write_kv_kernel(pt_ref, start_ref, len_ref, kn_ref, vn_ref, kp_ref, vp_ref, ko_ref, vo_ref):
+    # pt_ref [R, P]; start_ref, len_ref [R]; kn_ref, vn_ref [Hkv, D] (token t of row r);
+    # kp_ref/vp_ref aliased with ko_ref/vo_ref [num_pages, page_size, Hkv, D]
+    del kp_ref, vp_ref
+    r, t = pl.program_id(0), pl.program_id(1)
+    n_pages, ps, hkv, _ = ko_ref.shape
+    p = pt_ref.shape[1]
+    pos = start_ref[r] + t
+    logical = pos // ps
+    page = pt_ref[r, jnp.clip(logical, 0, p - 1)]
+    ok = (t < len_ref[r]) & (logical >= 0) & (logical < p) & (page >= 0) & (page < n_pages)
+
+    @pl.when(ok)  # padding tokens write nothing, not even to page 0
+    def _():
+        off = pos % ps
+        for h in range(hkv):
+            ko_ref[page, off, h, :] = kn_ref[h, :].astype(ko_ref.dtype)
+            vo_ref[page, off, h, :] = vn_ref[h, :].astype(vo_ref.dtype)
 
 
-def _decode_attention_pallas(*args, scale, interpret):
-    raise NotImplementedError("Pallas decode_attention: not written yet")
+def _write_kv_pallas(k_pages, v_pages, k_new, v_new, page_table, start_pos, lengths, *, interpret):
+    r, t, hkv, d = k_new.shape
+    if not interpret and not is_pow2(d):
+        raise ValueError(f"backend 'pallas' needs head_dim a power of two, got k_pages {k_pages.shape}")
+    whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
+    tok = pl.BlockSpec((None, None, hkv, d), lambda i, j: (i, j, 0, 0))
+    return pl.pallas_call(
+        _write_kv_kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct(k_pages.shape, k_pages.dtype),
+            jax.ShapeDtypeStruct(v_pages.shape, v_pages.dtype),
+        ),
+        grid=(r, t),
+        in_specs=[
+            whole(page_table.shape),
+            whole((r,)),
+            whole((r,)),
+            tok,
+            tok,
+            whole(k_pages.shape),
+            whole(v_pages.shape),
+        ],
+        out_specs=(whole(k_pages.shape), whole(v_pages.shape)),
+        input_output_aliases={5: 0, 6: 1},  # pools updated in place when donated
+        name="paged_write_kv",
+        **pallas_params(interpret, num_warps=1, num_stages=1),
+    )(
+        page_table.astype(jnp.int32),
+        start_pos.astype(jnp.int32),
+        lengths.astype(jnp.int32),
+        k_new,
+        v_new,
+        k_pages,
+        v_pages,
+    )
+
+
+def _compute_dtype(q_dtype, kv_dtype):
+    # bf16 x bf16 runs on tensor cores; any mix falls back to float32 (exact "ieee" dots).
+    return q_dtype if q_dtype == kv_dtype else jnp.float32
+
+
+def _attend_pages(q, kp_ref, vp_ref, pt_row, kh, j0, j1, visible, scale, carry):
+    """Online softmax of q [M, D] over logical pages j0..j1-1 of one row, one kv head.
+
+    visible(key_pos [page_size]) -> [M, page_size] mask. carry = (acc [M, D], m [M], l [M]).
+    """
+    n_pages, ps = kp_ref.shape[0], kp_ref.shape[1]
+    cd = q.dtype
+
+    def body(j, carry):
+        acc, m_prev, l_prev = carry
+        page = jnp.clip(pt_row(j), 0, n_pages - 1)
+        k = kp_ref[page, :, kh, :].astype(cd)  # [page_size, D]
+        v = vp_ref[page, :, kh, :].astype(cd)
+        s = dot(q, k, trans_b=True) * scale  # [M, page_size] float32
+        s = jnp.where(visible(j * ps + jax.lax.broadcasted_iota(jnp.int32, (ps,), 0)), s, _NEG)
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=1))
+        corr = jnp.exp(m_prev - m_new)
+        p = jnp.exp(s - m_new[:, None])
+        l_new = corr * l_prev + jnp.sum(p, axis=1)
+        acc = corr[:, None] * acc + dot(p.astype(cd), v)
+        return acc, m_new, l_new
+
+    return jax.lax.fori_loop(j0, j1, body, carry)
+
+
+def _init_carry(m_rows, d):
+    return (
+        jnp.zeros((m_rows, d), jnp.float32),
+        jnp.full((m_rows,), _NEG, jnp.float32),
+        jnp.zeros((m_rows,), jnp.float32),
+    )
+
+
+def _prefill_kernel(pt_ref, start_ref, len_ref, q_ref, kp_ref, vp_ref, o_ref, *, scale):
+    # pt_ref [R, P]; start_ref, len_ref [R]; q_ref, o_ref [BT, Gp, D] (BT queries x the padded
+    # query heads of kv head kh); kp_ref, vp_ref [num_pages, page_size, Hkv, D]
+    r, kh, tb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    bt, gp, d = q_ref.shape
+    ps, p = kp_ref.shape[1], pt_ref.shape[1]
+    m_rows = bt * gp
+    cd = _compute_dtype(q_ref.dtype, kp_ref.dtype)
+    q = q_ref[...].reshape(m_rows, d).astype(cd)
+    t0 = tb * bt
+    n_rows = jnp.clip(len_ref[r] - t0, 0, bt)  # valid queries in this block
+    first = start_ref[r] + t0
+    # Pages holding keys 0 .. position of the block's last valid query.
+    n_pages = jnp.where(n_rows > 0, jnp.minimum((first + n_rows - 1) // ps + 1, p), 0)
+    q_row = jax.lax.broadcasted_iota(jnp.int32, (m_rows,), 0) // gp  # query index in block
+    q_pos = first + q_row
+    acc, _, l = _attend_pages(
+        q, kp_ref, vp_ref, lambda j: pt_ref[r, j], kh, 0, n_pages,
+        lambda k_pos: k_pos[None, :] <= q_pos[:, None], scale, _init_carry(m_rows, d),
+    )
+    out = acc / jnp.where(l > 0, l, 1.0)[:, None]
+    out = jnp.where((q_row < n_rows)[:, None], out, 0.0)
+    o_ref[...] = out.reshape(bt, gp, d).astype(o_ref.dtype)
+
+
+def _prefill_attention_pallas(q, k_pages, v_pages, page_table, start_pos, lengths, *, scale, interpret):
+    r, t, hq, d = q.shape
+    hkv = k_pages.shape[2]
+    g = hq // hkv
+    if not interpret:
+        _check_gpu_pool(k_pages)
+    gp = next_pow2(g)
+    bt = min(max(1, _QUERY_ROWS // gp), next_pow2(t))
+    bt = max(bt, -(-16 // gp))  # >= 16 matmul rows
+    tp = -(-t // bt) * bt
+    q5 = q.reshape(r, t, hkv, g, d)
+    q5 = jnp.pad(q5, ((0, 0), (0, tp - t), (0, 0), (0, gp - g), (0, 0)))  # [R, Tp, Hkv, Gp, D]
+    whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
+    q_spec = pl.BlockSpec((None, bt, None, gp, d), lambda i, h, tb: (i, tb, h, 0, 0))
+    o = pl.pallas_call(
+        functools.partial(_prefill_kernel, scale=float(scale)),
+        out_shape=jax.ShapeDtypeStruct(q5.shape, q.dtype),
+        grid=(r, hkv, tp // bt),
+        in_specs=[
+            whole(page_table.shape),
+            whole((r,)),
+            whole((r,)),
+            q_spec,
+            whole(k_pages.shape),
+            whole(v_pages.shape),
+        ],
+        out_specs=q_spec,
+        name="paged_prefill_attention",
+        **pallas_params(interpret, num_warps=4, num_stages=2),
+    )(page_table.astype(jnp.int32), start_pos.astype(jnp.int32), lengths.astype(jnp.int32), q5, k_pages, v_pages)
+    return o[:, :t, :, :g].reshape(r, t, hq, d)
+
+
+def _decode_kernel(pt_ref, ctx_ref, q_ref, kp_ref, vp_ref, o_ref, m_ref, l_ref, *, scale, pages_per_split):
+    # pt_ref [B, P]; ctx_ref [B]; q_ref [Gp, D]; kp_ref, vp_ref [num_pages, page_size, Hkv, D];
+    # o_ref [Gp, D], m_ref, l_ref [Gp]: unnormalised partial result of split s
+    b, kh, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    gp, d = q_ref.shape
+    ps, p = kp_ref.shape[1], pt_ref.shape[1]
+    cd = _compute_dtype(q_ref.dtype, kp_ref.dtype)
+    ctx = ctx_ref[b]
+    j0 = sp * pages_per_split
+    j1 = jnp.minimum(jnp.minimum(j0 + pages_per_split, (ctx + ps - 1) // ps), p)
+    acc, m, l = _attend_pages(
+        q_ref[...].astype(cd), kp_ref, vp_ref, lambda j: pt_ref[b, j], kh, j0, j1,
+        lambda k_pos: jnp.broadcast_to(k_pos[None, :] < ctx, (gp, ps)), scale, _init_carry(gp, d),
+    )
+    o_ref[...] = acc
+    m_ref[...] = m
+    l_ref[...] = l
+
+
+def _decode_attention_pallas(q, k_pages, v_pages, page_table, context_lens, *, scale, interpret):
+    bsz, hq, d = q.shape
+    hkv = k_pages.shape[2]
+    p = page_table.shape[1]
+    g = hq // hkv
+    if not interpret:
+        _check_gpu_pool(k_pages)
+    gp = max(next_pow2(g), 16)  # >= 16 matmul rows
+    pps = -(-p // _MAX_SPLITS)
+    splits = -(-p // pps)
+    q4 = jnp.pad(q.reshape(bsz, hkv, g, d), ((0, 0), (0, 0), (0, gp - g), (0, 0)))  # [B, Hkv, Gp, D]
+    whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
+    o, m, l = pl.pallas_call(
+        functools.partial(_decode_kernel, scale=float(scale), pages_per_split=pps),
+        out_shape=(
+            jax.ShapeDtypeStruct((bsz, hkv, splits, gp, d), jnp.float32),
+            jax.ShapeDtypeStruct((bsz, hkv, splits, gp), jnp.float32),
+            jax.ShapeDtypeStruct((bsz, hkv, splits, gp), jnp.float32),
+        ),
+        grid=(bsz, hkv, splits),
+        in_specs=[
+            whole(page_table.shape),
+            whole((bsz,)),
+            pl.BlockSpec((None, None, gp, d), lambda i, h, s: (i, h, 0, 0)),
+            whole(k_pages.shape),
+            whole(v_pages.shape),
+        ],
+        out_specs=(
+            pl.BlockSpec((None, None, None, gp, d), lambda i, h, s: (i, h, s, 0, 0)),
+            pl.BlockSpec((None, None, None, gp), lambda i, h, s: (i, h, s, 0)),
+            pl.BlockSpec((None, None, None, gp), lambda i, h, s: (i, h, s, 0)),
+        ),
+        name="paged_decode_attention",
+        **pallas_params(interpret, num_warps=4, num_stages=2),
+    )(page_table.astype(jnp.int32), context_lens.astype(jnp.int32), q4, k_pages, v_pages)
+    # Merge the splits (flash-decoding): rescale each to the common max; empty splits have
+    # l = 0 and m = _NEG, so they weigh nothing.
+    m_all = jnp.max(m, axis=2, keepdims=True)
+    w = jnp.exp(m - m_all)  # [B, Hkv, S, Gp]
+    l_all = jnp.sum(w * l, axis=2)
+    o = jnp.sum(w[..., None] * o, axis=2) / jnp.where(l_all > 0, l_all, 1.0)[..., None]
+    o = o[:, :, :g].reshape(bsz, hq, d)
+    return jnp.where((context_lens > 0)[:, None, None], o, 0.0).astype(q.dtype)

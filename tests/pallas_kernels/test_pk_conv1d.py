@@ -59,3 +59,23 @@ def test_validation_errors():
         conv1d.causal_conv1d_update(x[:, 0], state, w[:4])
     with pytest.raises(ValueError, match="lengths"):
         conv1d.causal_conv1d_prefill(x, state, w, lengths[:2])
+
+
+@pytest.mark.parametrize("t", [6, 37])  # one partial time block; several blocks + tail
+def test_interpret_prefill_matches_reference(t):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((R, t, C)).astype(np.float32)
+    _, state, w = _inputs(4)
+    lengths = np.array([t, t // 2, 0], np.int32)
+    got = conv1d.causal_conv1d_prefill(x, state, w, lengths, backend="interpret")
+    want = conv1d.causal_conv1d_prefill(x, state, w, lengths)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+def test_interpret_update_matches_reference():
+    x, state, w = _inputs(5)
+    got = conv1d.causal_conv1d_update(x[:, 0], state, w, backend="interpret")
+    want = conv1d.causal_conv1d_update(x[:, 0], state, w)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))

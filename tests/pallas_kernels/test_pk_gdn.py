@@ -78,3 +78,20 @@ def test_validation_errors():
         gdn.chunk_gated_delta_rule(q, k, v, g, beta, s0, chunk_size=0)
     with pytest.raises(ValueError, match="beta"):
         gdn.recurrent_gated_delta_rule_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta, s0)
+
+
+def test_interpret_chunk_matches_reference():
+    # Dv 8 with value blocks of 8; 11 tokens with chunk 4: padded last chunk.
+    args = _inputs(6, r=2, t=11, h=2, dk=8, dv=8)
+    o, s = gdn.chunk_gated_delta_rule(*args, chunk_size=4, backend="interpret")
+    ro, rs = gdn.chunk_gated_delta_rule(*args, chunk_size=4)
+    _close(o, np.asarray(ro))
+    _close(s, np.asarray(rs))
+
+
+def test_interpret_step_matches_reference():
+    q, k, v, g, beta, s0 = (a[:, 0] if a.ndim > 1 and i < 5 else a for i, a in enumerate(_inputs(7, t=1)))
+    o, s = gdn.recurrent_gated_delta_rule_step(q, k, v, g, beta, s0, backend="interpret")
+    ro, rs = gdn.recurrent_gated_delta_rule_step(q, k, v, g, beta, s0)
+    _close(o, np.asarray(ro))
+    _close(s, np.asarray(rs))

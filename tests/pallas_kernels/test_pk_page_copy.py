@@ -56,3 +56,17 @@ def test_validation_errors():
         page_copy.copy(pool, np.array([0, 1], np.int32), np.array([0], np.int32))
     with pytest.raises(ValueError, match="idx"):
         page_copy.gather(pool, np.array([0.0], np.float32))
+
+
+def test_interpret_matches_reference():
+    pool = _pool(4, (6, 3, 8))  # row size 24: blocks of 8
+    idx = np.array([5, -1, 0], np.int32)
+    vals = _pool(5, (3, 3, 8))
+    src = np.array([0, 1, -1, 3], np.int32)
+    dst = np.array([1, 2, 4, -1], np.int32)
+    np.testing.assert_array_equal(np.asarray(page_copy.gather(pool, idx, backend="interpret")),
+                                  np.asarray(page_copy.gather(pool, idx)))
+    np.testing.assert_array_equal(np.asarray(page_copy.scatter(pool, idx, vals, backend="interpret")),
+                                  np.asarray(page_copy.scatter(pool, idx, vals)))
+    np.testing.assert_array_equal(np.asarray(page_copy.copy(pool, src, dst, backend="interpret")),
+                                  np.asarray(page_copy.copy(pool, src, dst)))

@@ -46,14 +46,11 @@ def test_write_kv_casts_to_pool_dtype():
                                   np.asarray(jnp.asarray(kn[0], jnp.bfloat16), np.float32))
 
 
-def _attention_case(seed=2):
+def _attention_case(seed=2, t=5, start=(0, 6, 3), lengths=(5, 4, 0)):
     rng = np.random.default_rng(seed)
     kp, vp = _pools(rng)
-    t = 5
     q = rng.standard_normal((3, t, HQ, D)).astype(np.float32)
-    start = np.array([0, 6, 3], np.int32)
-    lengths = np.array([5, 4, 0], np.int32)
-    return q, kp, vp, _tables(), start, lengths
+    return q, kp, vp, _tables(), np.array(start, np.int32), np.array(lengths, np.int32)
 
 
 def test_prefill_attention_reference_matches_loop():
@@ -88,3 +85,34 @@ def test_validation_errors():
         pa.write_kv(kp, vp, q, q, table, start, lengths)
     with pytest.raises(ValueError, match="lengths"):
         pa.write_kv(kp, vp, kp[:3], vp[:3], table, start, lengths.astype(np.float32))
+
+
+def test_interpret_write_kv_matches_reference():
+    rng = np.random.default_rng(5)
+    kp, vp = _pools(rng)
+    kn = rng.standard_normal((3, 6, HKV, D)).astype(np.float32)
+    vn = rng.standard_normal((3, 6, HKV, D)).astype(np.float32)
+    args = (kp, vp, kn, vn, _tables(), np.array([2, 5, 9], np.int32), np.array([6, 3, 0], np.int32))
+    got = pa.write_kv(*args, backend="interpret")
+    want = pa.write_kv(*args)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+
+
+@pytest.mark.parametrize("t,start,lengths", [(5, (0, 6, 3), (5, 4, 0)), (11, (0, 5, 2), (11, 9, 1))])
+def test_interpret_prefill_attention_matches_reference(t, start, lengths):
+    # t = 11: two query blocks of 8 (GQA group 2 -> 16 rows), the second one partly padding.
+    q, kp, vp, table, start, lengths = _attention_case(6, t, start, lengths)
+    got = pa.prefill_attention(q, kp, vp, table, start, lengths, scale=0.3, backend="interpret")
+    want = pa.prefill_attention(q, kp, vp, table, start, lengths, scale=0.3)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
+
+
+def test_interpret_decode_attention_matches_reference():
+    rng = np.random.default_rng(7)
+    kp, vp = _pools(rng)
+    q = rng.standard_normal((3, HQ, D)).astype(np.float32)
+    ctx = np.array([1, 13, 0], np.int32)
+    got = pa.decode_attention(q, kp, vp, _tables(), ctx, scale=0.5, backend="interpret")
+    want = pa.decode_attention(q, kp, vp, _tables(), ctx, scale=0.5)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
