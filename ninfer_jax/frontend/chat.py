@@ -116,7 +116,7 @@ class ChatFrontend:
                               check_text=lambda text: self._check_chars(len(text)),
                               check_tokens=self._check_tokens)
         plan = plan_rewrite(rendering)
-        auto = automatic_candidates(policy, conv.messages, len(conv.tools), parts)
+        auto = automatic_candidates(policy, conv.messages, len(conv.tools))
         marker_plan: MarkerPlan = resolve_markers(rendering, explicit, auto)
         return RenderedPrompt(
             token_ids=rendering.token_ids,
@@ -152,15 +152,11 @@ class ChatFrontend:
         if instructions is not None:
             if not isinstance(instructions, str):
                 raise MalformedInputError("instructions must be a string")
-            messages.insert(0, {"role": "developer" if self._has_developer_role() else "system",
-                                "content": instructions})
+            # Leading instructions are a system message: every chat template knows that role.
+            messages.insert(0, {"role": "system", "content": instructions})
         prompt = self.render_chat(messages, tools=tools, cache_markers=cache_markers, marker_policy=marker_policy,
                                   template_kwargs=template_kwargs)
         return ResponsesPrompt(prompt, tuple(raw), previous_response_id)
-
-    def _has_developer_role(self) -> bool:
-        # The leading instructions keep the system role unless the template names `developer`.
-        return self.template is not None and "developer" in self.template.source
 
     # --- raw prompts (REC-6: P) --------------------------------------------------------------
     def prepare_prompt(self, prompt: str | Sequence[int]) -> RenderedPrompt:

@@ -154,8 +154,8 @@ def _locate(spec: MarkerSpec, rendering: "Rendering") -> tuple[int | None, str]:
     return frontier, ""
 
 
-def automatic_candidates(policy: MarkerPolicy, messages: Sequence[Mapping[str, Any]], n_tools: int,
-                         content_parts: Sequence[int]) -> list[list[MarkerSpec]]:
+def automatic_candidates(policy: MarkerPolicy, messages: Sequence[Mapping[str, Any]],
+                         n_tools: int) -> list[list[MarkerSpec]]:
     """Automatic markers, each a list of fallbacks tried in order (the first that resolves wins)."""
     if policy is MarkerPolicy.NONE:
         return []
@@ -174,8 +174,11 @@ def automatic_candidates(policy: MarkerPolicy, messages: Sequence[Mapping[str, A
         msg = messages[i]
         if msg["role"] == "assistant" and msg.get("tool_calls"):
             chain.append(MessageBoundary(i))
-        for part in range(content_parts[i] - 1, -1, -1):
-            chain.append(ContentBoundary(i, part))
+        content = msg.get("content")
+        texts = [content] if isinstance(content, str) else [p["text"] for p in content or ()]
+        for part in range(len(texts) - 1, -1, -1):
+            if texts[part]:  # an empty part has no boundary of its own
+                chain.append(ContentBoundary(i, part))
         if len(chain) >= MAX_AUTOMATIC_CANDIDATES:
             break
     chain = chain[:MAX_AUTOMATIC_CANDIDATES]

@@ -48,8 +48,17 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _StrictSandbox(ImmutableSandboxedEnvironment):
+    """Unsafe attribute access raises instead of quietly rendering as undefined, so a hostile
+    template is rejected with a TemplateError rather than half-rendered."""
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        raise jinja2.exceptions.SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+
 def _make_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _StrictSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[jinja2.ext.loopcontrols],
