@@ -9,6 +9,7 @@ from .errors import (FrontendError, InputTooLongError, MalformedInputError, Malf
                      TemplateError, TokenizerLoadError, UnknownResponseError, UnknownRoleError,
                      UnsupportedContentError)
 from .identity import BLOCK_TOKENS, DigestChain, FrontierIdentity, MediaRange
+from .output_parser import ParsedOutput, parse_assistant_output
 from .markers import (ContentBoundary, MarkerPolicy, MessageBoundary, RejectedMarker, ResolvedMarker,
                       ToolsBoundary)
 from .provenance import Provenance, SourceSpan
@@ -20,7 +21,7 @@ from .tokenizer import BUILTIN_NAME, SpecialToken, Tokenizer
 __all__ = [
     "BLOCK_TOKENS", "BUILTIN_NAME", "ChatFrontend", "ChatTemplate", "ContentBoundary", "DigestChain",
     "FrontendError", "FrontierIdentity", "InputTooLongError", "MalformedInputError", "MalformedToolCallError",
-    "MarkerError", "MarkerPolicy", "MediaRange", "MessageBoundary", "Provenance", "RecoveryKind",
+    "MarkerError", "MarkerPolicy", "MediaRange", "MessageBoundary", "ParsedOutput", "parse_assistant_output", "Provenance", "RecoveryKind",
     "RecoveryPosition", "RejectedMarker", "RenderedPrompt", "ResolvedMarker", "ResponsesPrompt",
     "ResponsesStore", "RewriteKind", "SourceSpan", "SpecialToken", "StoredResponse", "TemplateError",
     "TokenizerLoadError", "ToolsBoundary", "TypedRewritePoint", "UnknownResponseError", "UnknownRoleError",

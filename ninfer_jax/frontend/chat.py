@@ -83,6 +83,11 @@ class ChatFrontend:
     def builtin(cls, **limits: Any) -> "ChatFrontend":
         return cls(Tokenizer.builtin(), **limits)
 
+    @classmethod
+    def load(cls, model: str, **limits: Any) -> "ChatFrontend":
+        """`builtin:tiny-hybrid` or a model / tokenizer folder."""
+        return cls(Tokenizer.load(model), **limits)
+
     # --- limits (CFG-1, CFG-7) ---------------------------------------------------------------
     def _check_chars(self, n: int) -> None:
         if self.max_input_chars is not None and n > self.max_input_chars:

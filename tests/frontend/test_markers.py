@@ -168,3 +168,21 @@ def test_sh7_message_boundary_inside_a_rewritten_past_turn_is_not_offered(fronte
     p = frontend.render_chat(messages, cache_markers=[{"message": 1}])
     (rejected,) = p.rejected_markers
     assert "not a prefix" in rejected.reason
+
+
+def test_scn2_recovery_point_and_automatic_marker_share_one_frontier(frontend):
+    p = frontend.render_chat(CONVERSATION)
+    (auto,) = p.markers
+    assert p.recovery_position.kind.value == "C" and auto.frontier == p.recovery_position.frontier
+    assert auto.identity == p.recovery_position.identity
+    assert p.save_opportunities == (auto.frontier,)
+
+
+def test_scn3_markers_at_alpha_and_alpha_beta_and_alpha_serves_alpha_gamma(frontend):
+    alpha_beta = frontend.render_chat(CONVERSATION, cache_markers=[{"message": 1}, {"message": 2}],
+                                      marker_policy="none")
+    alpha, deeper = alpha_beta.markers
+    gamma = CONVERSATION[:2] + [{"role": "assistant", "content": "A different story."}, CONVERSATION[3]]
+    alpha_gamma = frontend.render_chat(gamma)
+    assert alpha.identity.matches(alpha_gamma.token_ids)
+    assert not deeper.identity.matches(alpha_gamma.token_ids)

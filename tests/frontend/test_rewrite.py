@@ -75,7 +75,7 @@ def test_rec_dropped_reasoning_moves_reuse_back_to_typed_r_of_the_right_turn(fro
     assert next_turn.typed_rewrite_point.message_index == 5
 
 
-def test_rec_scn1_normalised_tool_call_falls_back_to_typed_r(frontend, tokenizer):
+def test_scn1_normalised_tool_call_falls_back_to_typed_r(frontend, tokenizer):
     """SCN-1 from the frontend side: E (prompt + generated text) stops matching when the client
     normalises the tool call; the typed R of the first request still matches."""
     call = dict(CALL1)
@@ -114,6 +114,7 @@ def test_rec7_recovery_at_r_when_the_closing_holds_source_content(frontend):
     # Qwen3-style: the tools block follows the system content inside the same message, so
     # C→R is not pure template closing.
     p = frontend.render_chat([SYSTEM], tools=[TOOL])
+    assert p.turn_closure is None  # REC-4: no real user message, no TurnClosure
     assert p.typed_rewrite_point.message_index == 0
     assert p.recovery_position.kind is RecoveryKind.R
     assert "source content" in p.recovery_position.reason
@@ -183,3 +184,12 @@ def test_rec4_turn_closure_on_a_non_chatml_template(hf_folder):
     assert p.turn_closure.frontier == p.response_replay.frontier == len(p.token_ids)
     assert p.recovery_position.kind is RecoveryKind.C
     assert front.tokenizer.decode(p.token_ids[p.recovery_position.frontier:]) == " [/INST]"
+
+
+def test_rec6a_probe_that_does_not_render_falls_back_to_turn_closure(frontend, tokenizer):
+    template = "{% if messages | length > 4 %}{{ raise_exception('too long') }}{% endif %}" + frontend.template.source
+    call = dict(CALL1)
+    call.pop("reasoning_content")
+    p = ChatFrontend(tokenizer, template).render_chat([SYSTEM, USER1, call, RESULT1], tools=[TOOL])
+    assert p.typed_rewrite_point is p.turn_closure
+    assert any("probe" in note for note in p.notes)
