@@ -1,0 +1,91 @@
+"""The functional resource ledger (DESIGN.md: functional core, imperative shell).
+
+Pure Python, immutable state, no JAX/numpy. Every change is a pure planner returning a
+`Plan` (diff, proof, preconditions) or a `Refusal` with the exact shortfall per pool;
+`commit(state, plan)` applies a plan in one step or raises `StalePlan`. The Program's
+stores (`ninfer_jax.program`) apply the same plans and move the bytes. See docs/ledger.md.
+"""
+from ledger.arena import HostAllocation, HostArena, HostShortfall
+from ledger.capacity import (
+    PAGE_TOKENS,
+    DeviceBudget,
+    check_device_fit,
+    check_kv_pages,
+    default_host_capacity_bytes,
+    kv_page_range,
+    pages_for_tokens,
+    resolve_kv_pages,
+    solve_kv_pages,
+    state_slot_count,
+)
+from ledger.errors import (
+    AlreadyHolder,
+    ArenaError,
+    CapacityConfigError,
+    ExceedsCapacity,
+    IntegrityError,
+    InvalidRequest,
+    LedgerError,
+    NotAHolder,
+    PermitOverdraw,
+    ReplicaError,
+    StaleGeneration,
+    StalePlan,
+    TransactionStateError,
+    UnknownLease,
+    UnknownObject,
+    UnknownPermit,
+)
+from ledger.effects import CopyToDevice, CopyToHost, CopyUnit
+from ledger.integrity import Recount, check_integrity
+from ledger.objects import (
+    plan_add_holders,
+    plan_allocate,
+    plan_copy_on_write,
+    plan_drop_holders,
+    plan_drop_replica,
+    plan_lease,
+    plan_pin,
+    plan_release_leases,
+    plan_unpin,
+)
+from ledger.ops import Precondition
+from ledger.permits import UnitDemand, plan_cycle_permits, plan_settle, plan_settle_all, plan_unit_permit
+from ledger.plan import Plan, Proof, Refusal, Shortfall, commit
+from ledger.state import (
+    DEVICE,
+    HOST,
+    HOST_MEDIUM,
+    KV_PAGE,
+    KV_PAGES,
+    MAIN_KV,
+    STATE_IMAGE,
+    STATE_POOL,
+    STATE_SLOTS,
+    CopyJob,
+    DevicePool,
+    LedgerConfig,
+    LedgerState,
+    PhysicalObject,
+    PoolSpec,
+    ReaderLease,
+    RecoveryPermit,
+    Replica,
+    Transaction,
+    TxnKind,
+    TxnPhase,
+    UnitKind,
+    UnitPermit,
+    initial_state,
+)
+from ledger.transactions import (
+    TransferRequest,
+    plan_begin_transfer,
+    plan_cancel,
+    plan_complete,
+    plan_publish,
+    plan_submit,
+)
+from ledger.usage import usage
+
+__all__ = [name for name in dir() if not name.startswith("_")]
