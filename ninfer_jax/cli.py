@@ -53,18 +53,69 @@ def cmd_bench(args: list[str]) -> int:
     return 0
 
 
-def cmd_generate(args: list[str]) -> int:
-    from ninfer_jax.generate_simple import generate_cli
+def _load_tokenizer(model: str):
+    """The model's tokenizer, or None when the folder ships none (then --token_ids is needed)."""
+    import os
 
-    return generate_cli(
-        model=_MODEL.value,
-        dtype=_DTYPE.value,
-        prompt=_PROMPT.value,
-        token_ids=_TOKEN_IDS.value,
-        max_tokens=_MAX_TOKENS.value,
-        temperature=_TEMPERATURE.value,
-        seed=_SEED.value,
-    )
+    from ninfer_jax.frontend.tokenizer import Tokenizer
+
+    if model.startswith("builtin:") or os.path.exists(os.path.join(model, "tokenizer.json")):
+        return Tokenizer.load(model)
+    return None
+
+
+def _prompt_ids(tokenizer) -> list[int]:
+    if _TOKEN_IDS.value is not None:
+        try:
+            return [int(t) for t in _TOKEN_IDS.value.replace(" ", "").split(",") if t]
+        except ValueError:
+            raise app.UsageError(f"--token_ids must be comma-separated integers, got {_TOKEN_IDS.value!r}")
+    if tokenizer is None:
+        raise app.UsageError(f"{_MODEL.value} ships no tokenizer.json: pass --token_ids")
+    return tokenizer.encode(_PROMPT.value)
+
+
+def cmd_generate(args: list[str]) -> int:
+    """Generate from one prompt on an in-process model; text to stdout as it is produced."""
+    import time
+
+    from ninfer_jax.errors import NInferError
+    from ninfer_jax.model import single
+    from ninfer_jax.model.model import load_model
+    from ninfer_jax.model.steps import CompiledSteps
+
+    try:
+        print(f"[ninfer] loading {_MODEL.value} ({_DTYPE.value})", file=sys.stderr)
+        model = load_model(_MODEL.value, _DTYPE.value)
+        tokenizer = _load_tokenizer(_MODEL.value)
+        prompt = _prompt_ids(tokenizer)
+        steps = CompiledSteps(model)
+        out: list[int] = []
+        shown = ""
+
+        def emit(token: int) -> None:
+            nonlocal shown
+            out.append(token)
+            if tokenizer is None:
+                print(token, end=" ", flush=True)
+                return
+            text = tokenizer.decode(out, skip_special_tokens=True)
+            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+                print(text[len(shown):], end="", flush=True)
+                shown = text
+
+        start = time.perf_counter()
+        single.generate(steps, prompt, _MAX_TOKENS.value, max_context=len(prompt) + _MAX_TOKENS.value,
+                        temperature=_TEMPERATURE.value, seed=_SEED.value,
+                        stop_ids=model.config.eos_token_id, on_token=emit)
+        print()
+        seconds = time.perf_counter() - start
+        print(f"[ninfer] {len(prompt)} prompt tokens, {len(out)} generated in {seconds:.2f}s "
+              f"(compilation included)", file=sys.stderr)
+        return 0
+    except NInferError as e:
+        print(f"ninfer generate: {e}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str]) -> int:

@@ -32,6 +32,7 @@ HF_CONFIG = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
     "max_position_embeddings": 32768,
+    "eos_token_id": [1010, 1008],  # <|im_end|>, <|endoftext|> of the built-in tokenizer
 }
 
 

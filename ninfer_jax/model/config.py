@@ -174,7 +174,7 @@ def parse_config(raw: dict) -> ModelConfig:
         raw = dict(_get(outer, "text_config", dict))
         raw.setdefault("model_type", _WRAPPERS[model_type])
         for key in ("tie_word_embeddings", "eos_token_id"):
-            if key not in raw and key in outer:
+            if raw.get(key) is None and outer.get(key) is not None:
                 raw[key] = outer[key]
         model_type = raw["model_type"]
     if model_type not in ARCHITECTURES:

@@ -1,0 +1,185 @@
+"""`ninfer bench model [--json]`: the model's step functions on the built-in model.
+
+Measures, after warm-up, prefill tokens/s (one row, 64-token chunks) and decode steps/s at
+1/2/4/8 rows, and reports every compilation with its seconds. When torch and transformers are
+importable, the same work runs in transformers (CPU, float32, eager) on the same weights in the
+same process, and the ratios NInfer ÷ transformers are reported side by side.
+
+Flags after `model`: --prompt_len N (default 256), --decode_steps N (default 32),
+--no_transformers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ninfer_jax.model import builtin
+from ninfer_jax.model.model import load_model
+from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+
+ROWS = (1, 2, 4, 8)
+CHUNK = 64
+
+
+def _arg(argv: list[str], name: str, default: int) -> int:
+    for i, a in enumerate(argv):
+        if a.startswith(f"--{name}="):
+            return int(a.split("=", 1)[1])
+        if a == f"--{name}" and i + 1 < len(argv):
+            return int(argv[i + 1])
+    return default
+
+
+def _say(msg: str) -> None:
+    print(f"[bench model] {msg}", file=sys.stderr, flush=True)
+
+
+def _ours(prompt: np.ndarray, decode_steps: int) -> dict:
+    model = load_model(builtin.NAME)
+    steps = CompiledSteps(model)
+    cfg = model.config
+    pages = math.ceil((len(prompt) + decode_steps + 1) / PAGE_SIZE)
+    table = jnp.arange(max(ROWS) * pages, dtype=jnp.int32).reshape(max(ROWS), pages)
+    kv, state = init_pools(cfg, max(ROWS) * pages, max(ROWS), model.dtype)
+
+    def prefill_all(kv, state, rows: int):
+        logits = None
+        for start in range(0, len(prompt), CHUNK):
+            piece = prompt[start:start + CHUNK]
+            tokens = np.zeros((rows, CHUNK), np.int32)
+            tokens[:, :len(piece)] = piece
+            logits, _, kv, state = steps.prefill(
+                kv, state, jnp.asarray(tokens), jnp.full((rows,), start, jnp.int32),
+                jnp.full((rows,), len(piece), jnp.int32), table[:rows], jnp.arange(rows, dtype=jnp.int32))
+        jax.block_until_ready(logits)
+        return kv, state
+
+    _say("warming up prefill")
+    kv, state = prefill_all(kv, state, 1)
+    start = time.perf_counter()
+    kv, state = prefill_all(kv, state, 1)
+    prefill_s = time.perf_counter() - start
+    out = {"prefill_tokens_per_s": len(prompt) / prefill_s}
+    _say(f"prefill {out['prefill_tokens_per_s']:.0f} tokens/s")
+
+    for rows in ROWS:
+        kv, state = prefill_all(kv, state, rows)
+        tok = jnp.asarray(prompt[-rows:].reshape(rows) if rows <= len(prompt) else np.zeros(rows), jnp.int32)
+
+        def run(n, kv, state):
+            logits = None
+            for i in range(n):
+                pos = jnp.full((rows,), len(prompt) + i, jnp.int32)
+                logits, _, kv, state = steps.decode(kv, state, tok, pos, table[:rows],
+                                                    jnp.arange(rows, dtype=jnp.int32))
+            jax.block_until_ready(logits)
+            return kv, state
+
+        kv, state = run(2, kv, state)  # warm-up (compiles this bucket)
+        start = time.perf_counter()
+        kv, state = run(decode_steps, kv, state)
+        out[f"decode_steps_per_s_b{rows}"] = decode_steps / (time.perf_counter() - start)
+        _say(f"decode b={rows}: {out[f'decode_steps_per_s_b{rows}']:.1f} steps/s")
+
+    out["compilations"] = len(steps.compilations)
+    out["compile_seconds_total"] = sum(c.seconds for c in steps.compilations)
+    for c in steps.compilations:
+        rows = c.bucket[1][0]
+        width = c.bucket[1][1] if c.bucket[0] == "prefill" else 1
+        out[f"compile_s_{c.bucket[0]}_b{rows}_t{width}"] = c.seconds
+    return out
+
+
+def _hf_model(model):
+    """transformers' Qwen3.5 model holding the built-in weights (the same numbers)."""
+    import torch
+    import transformers as tf
+
+    cfg = tf.Qwen3_5TextConfig(**{k: v for k, v in builtin.HF_CONFIG.items() if k != "model_type"})
+    hf = tf.Qwen3_5ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    p = jax.tree.map(lambda x: torch.from_numpy(np.array(x, dtype=np.float32)), model.params)
+    sd = {"model.embed_tokens.weight": p["embed"], "model.norm.weight": p["norm"]}
+    for i, layer in enumerate(p["layers"]):
+        pre = f"model.layers.{i}."
+        sd[pre + "input_layernorm.weight"] = layer["input_norm"]
+        sd[pre + "post_attention_layernorm.weight"] = layer["post_norm"]
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            sd[pre + f"mlp.{n}.weight"] = layer[n].T
+        if "conv" in layer:
+            la = pre + "linear_attn."
+            for n in ("qkv", "z", "b", "a"):
+                sd[la + f"in_proj_{n}.weight"] = layer[f"in_proj_{n}"].T
+            sd[la + "conv1d.weight"] = layer["conv"][:, None, :]
+            sd[la + "out_proj.weight"] = layer["out_proj"].T
+            sd[la + "norm.weight"] = layer["norm"]
+            sd[la + "A_log"], sd[la + "dt_bias"] = layer["A_log"], layer["dt_bias"]
+        else:
+            sa = pre + "self_attn."
+            for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                sd[sa + f"{n}.weight"] = layer[n].T
+            sd[sa + "q_norm.weight"], sd[sa + "k_norm.weight"] = layer["q_norm"], layer["k_norm"]
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    if unexpected or [m for m in missing if m != "lm_head.weight"]:
+        raise RuntimeError(f"weight transfer to transformers failed: {missing} {unexpected}")
+    hf.tie_weights()
+    return hf
+
+
+def _transformers(prompt: np.ndarray, decode_steps: int) -> dict:
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    hf = _hf_model(load_model(builtin.NAME))
+    ids = torch.tensor(prompt[None].astype(np.int64))
+    out = {}
+    with torch.no_grad():
+        hf(ids, use_cache=False)  # warm-up
+        start = time.perf_counter()
+        hf(ids, use_cache=True)
+        out["hf_prefill_tokens_per_s"] = len(prompt) / (time.perf_counter() - start)
+        _say(f"transformers prefill {out['hf_prefill_tokens_per_s']:.0f} tokens/s")
+        for rows in ROWS:
+            batch = ids.repeat(rows, 1)
+            token = batch[:, -1:]
+
+            def decode(n):
+                # The same work as ours: one prefill into transformers' cache, then n single-token
+                # steps through its recurrent/KV cache path.
+                res = hf(batch, use_cache=True)
+                cache = getattr(res, "cache", None) or res.past_key_values
+                start = time.perf_counter()
+                for _ in range(n):
+                    res = hf(token, cache=cache, use_cache=True)
+                    cache = getattr(res, "cache", None) or res.past_key_values
+                return time.perf_counter() - start
+
+            decode(2)
+            out[f"hf_decode_steps_per_s_b{rows}"] = decode_steps / decode(decode_steps)
+            _say(f"transformers decode b={rows}: {out[f'hf_decode_steps_per_s_b{rows}']:.1f} steps/s")
+    return out
+
+
+def run(argv: list[str]) -> dict:
+    prompt_len = _arg(argv, "prompt_len", 256)
+    decode_steps = _arg(argv, "decode_steps", 32)
+    prompt = np.random.default_rng(0).integers(0, 1000, prompt_len).astype(np.int32)
+    figures = {"model": builtin.NAME, "backend": "xla", "device": jax.devices()[0].platform,
+               "prompt_len": prompt_len, "decode_steps": decode_steps}
+    figures.update(_ours(prompt, decode_steps))
+    have_hf = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
+    if have_hf and "--no_transformers" not in argv:
+        hf = _transformers(prompt, decode_steps)
+        figures.update(hf)
+        figures["ratio_prefill_vs_hf"] = figures["prefill_tokens_per_s"] / hf["hf_prefill_tokens_per_s"]
+        for rows in ROWS:
+            figures[f"ratio_decode_b{rows}_vs_hf"] = (
+                figures[f"decode_steps_per_s_b{rows}"] / hf[f"hf_decode_steps_per_s_b{rows}"])
+    else:
+        figures["transformers"] = "not installed" if not have_hf else "skipped"
+    return figures
