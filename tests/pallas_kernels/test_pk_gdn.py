@@ -90,7 +90,8 @@ def test_interpret_chunk_matches_reference():
 
 
 def test_interpret_step_matches_reference():
-    q, k, v, g, beta, s0 = (a[:, 0] if a.ndim > 1 and i < 5 else a for i, a in enumerate(_inputs(7, t=1)))
+    *per_token, s0 = _inputs(7, t=1)
+    q, k, v, g, beta = (a[:, 0] for a in per_token)
     o, s = gdn.recurrent_gated_delta_rule_step(q, k, v, g, beta, s0, backend="interpret")
     ro, rs = gdn.recurrent_gated_delta_rule_step(q, k, v, g, beta, s0)
     _close(o, np.asarray(ro))
