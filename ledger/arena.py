@@ -103,6 +103,9 @@ def _carve(arena: HostArena, bi: int, j: int, offset: int, length: int, pieces: 
 
 def alloc(arena: HostArena, size: int, pieces: int = 1) -> tuple[HostArena, int] | None:
     """First-fit `size` bytes (as `pieces` equal allocations); None when no extent fits."""
+    if type(size) is not int or not 0 < size <= MAX_BYTES or type(pieces) is not int or pieces < 1 or size % pieces:
+        _check_size(size, "host allocation size")
+        raise InvalidRequest(f"host allocation of {size} B cannot be {pieces!r} equal pieces")
     hit = ex.first_fit(arena.free, size)
     if hit is None:
         return None

@@ -62,6 +62,7 @@ class Proof(NamedTuple):
     kept: tuple[int, ...] = ()  # object ids a dropped reference left alive (G-3)
     released: tuple[tuple[str, int], ...] = ()  # (pool, units) returned to availability
     leases: tuple[int, ...] = ()  # lease ids taken
+    victims: tuple = ()  # objects a reclamation plan deletes or demotes (RCL-*, a later issue)
     generation: int | None = None  # the transaction handle (TXN-2)
     note: str = ""
 

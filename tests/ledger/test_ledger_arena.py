@@ -168,3 +168,10 @@ def test_host1_arena_matches_a_byte_map(steps):
                     ref[i] = None
         _check(a)
     assert a.free_bytes == sum(1 for b in ref if b is None)
+
+
+@pytest.mark.parametrize("size,pieces", [(0, 1), (-4, 1), (10, 3), (10, 0), (1 << 60, 1), (2.0, 1)])
+def test_bad_input_alloc_sizes_are_typed(size, pieces):
+    a = A.empty_arena(100)
+    with pytest.raises(L.InvalidRequest):
+        A.alloc(a, size, pieces)
