@@ -12,9 +12,9 @@ Steps, each its own plan:
             leases are released, a demotion frees its source Device replicas.
   cancel    before submit: reverts the reservation at once; after submit: waits for the
             completion, which then reverts instead of publishing (TXN-2).
-Every step after begin names the transaction's generation; a step naming another generation
-raises StaleGeneration and changes nothing, so a late completion cannot touch a reused
-descriptor (TXN-2).
+Every step after begin names the transaction's generation (and may name its owner); a step
+naming another generation raises StaleGeneration (another owner: NotAHolder) and changes
+nothing, so a late completion cannot touch a reused descriptor (TXN-2).
 """
 from __future__ import annotations
 
@@ -183,19 +183,24 @@ def _host_allocations(objs, page_group: int, b: Builder):
     return allocs, order
 
 
-def _current(state: LedgerState, generation) -> Transaction:
+_ANY = object()
+
+
+def _current(state: LedgerState, generation, owner=_ANY) -> Transaction:
     t = state.transaction
     if not isinstance(generation, int) or isinstance(generation, bool):
         raise InvalidRequest(f"generation must be an int, got {type(generation).__name__}")
     if t is None or t.generation != generation:  # TXN-2: a late step from an older generation
         raise StaleGeneration(f"transaction generation {generation} is not the running one "
                               f"({None if t is None else t.generation})")
+    if owner is not _ANY and owner != t.owner:  # TXN-2: owner check on the pending handle
+        raise NotAHolder(f"transaction {generation} belongs to {t.owner!r}, not {owner!r}")
     return t
 
 
-def plan_submit(state: LedgerState, generation: int) -> Plan:
+def plan_submit(state: LedgerState, generation: int, owner: Hashable = _ANY) -> Plan:
     """Hand the copies to the Program (effects); the transaction is now in flight."""
-    t = _current(state, generation)
+    t = _current(state, generation, owner)
     if t.phase != TxnPhase.RESERVED:
         raise TransactionStateError(f"transaction {generation} is {t.phase}, not {TxnPhase.RESERVED}")
     b = Builder(state)
@@ -208,9 +213,9 @@ def plan_submit(state: LedgerState, generation: int) -> Plan:
     return finish(b, "submit", Proof(generation=generation))
 
 
-def plan_complete(state: LedgerState, generation: int) -> Plan:
+def plan_complete(state: LedgerState, generation: int, owner: Hashable = _ANY) -> Plan:
     """The copy finished. A transaction cancelled in flight reverts now (TXN-2)."""
-    t = _current(state, generation)
+    t = _current(state, generation, owner)
     if t.phase == TxnPhase.CANCELLING:
         return _revert(state, t, "complete")
     if t.phase != TxnPhase.SUBMITTED:
@@ -220,12 +225,12 @@ def plan_complete(state: LedgerState, generation: int) -> Plan:
     return finish(b, "complete", Proof(generation=generation))
 
 
-def plan_publish(state: LedgerState, generation: int) -> Plan:
+def plan_publish(state: LedgerState, generation: int, owner: Hashable = _ANY) -> Plan:
     """Publish the destination replicas, release the source leases, end the transaction.
 
     A demotion (drop_source) frees each source replica that nothing else reads or pins;
     one still protected keeps its replica (listed in proof.kept)."""
-    t = _current(state, generation)
+    t = _current(state, generation, owner)
     if t.phase != TxnPhase.COMPLETED:
         raise TransactionStateError(f"transaction {generation} is {t.phase}, not {TxnPhase.COMPLETED}")
     b = Builder(state)
@@ -251,10 +256,10 @@ def plan_publish(state: LedgerState, generation: int) -> Plan:
                                       released=tuple(released.items())))
 
 
-def plan_cancel(state: LedgerState, generation: int) -> Plan:
+def plan_cancel(state: LedgerState, generation: int, owner: Hashable = _ANY) -> Plan:
     """Cancel: before submit (or after completion) revert now; in flight, mark it so the
     completion reverts once the real reader has finished (TXN-2)."""
-    t = _current(state, generation)
+    t = _current(state, generation, owner)
     if t.phase in (TxnPhase.RESERVED, TxnPhase.COMPLETED):
         return _revert(state, t, "cancel")
     if t.phase == TxnPhase.SUBMITTED:

@@ -206,3 +206,13 @@ def test_transfer_bad_requests_are_typed():
         L.plan_complete(s, 12345)
     with pytest.raises(L.InvalidRequest):
         L.plan_complete(s, "12345")
+
+
+def test_txn2_owner_check_on_the_pending_handle():
+    s = fresh(main=4)
+    s, oids = alloc(s, 1)
+    s, g, _ = _begin(s, oids, owner="seq-7")
+    with pytest.raises(L.NotAHolder):
+        L.plan_submit(s, g, owner="seq-8")
+    s = run(s, L.plan_submit(s, g, owner="seq-7"))
+    assert s.transaction.phase == L.TxnPhase.SUBMITTED
