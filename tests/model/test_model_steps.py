@@ -138,3 +138,15 @@ def test_no_compilation_after_warmup(builtin_model, builtin_steps):
         other = rng.integers(0, 1024, n + 3).astype(np.int32)
         _run_rows(builtin_steps, builtin_model, [other], [[n]], [[4, 5, 6, 7]], [1], pad_rows=2)
     assert len(builtin_steps.compilations) == seen
+
+
+def test_chunk_boundaries_do_not_change_a_bit(builtin_model, builtin_steps):
+    """Where prefill chunks start is invisible: a resumed prefill reproduces a cold one exactly
+    (the ground for reuse never changing tokens, DESIGN.md doctrine 1)."""
+    rng = np.random.default_rng(6)
+    seq = rng.integers(0, 1024, 84 + 2).astype(np.int32)
+    tables, slots = [[5, 2, 9, 0]], [3]
+    results = [_run_rows(builtin_steps, builtin_model, [seq], [chunks], tables, slots, decode_steps=2)[0][0]
+               for chunks in ([7, 64, 13], [64, 20], [1, 1, 1, 40, 41])]
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0], other)
