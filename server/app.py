@@ -1,0 +1,144 @@
+"""The process around the servicer: gRPC server, health, reflection, auth, warm-up, shutdown.
+
+Life of a server: `start()` binds (127.0.0.1 by default) with health NOT_SERVING; `warm_up()`
+builds the engine (loading and compiling), then health turns SERVING; `shutdown()` turns health
+NOT_SERVING, refuses new RPCs, lets running streams finish for `grace_s`, cancels the rest, stops
+the gRPC server and closes the engine. `serve_until_signal()` runs that whole life on SIGTERM or
+SIGINT.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from typing import Any, Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from server.auth import BearerTokenInterceptor
+from server.limits import ServerLimits
+from server.proto import ninfer_pb2, ninfer_pb2_grpc
+from server.servicer import NInferServicer
+
+log = logging.getLogger("ninfer.server")
+SERVICE_NAME = ninfer_pb2.DESCRIPTOR.services_by_name["NInfer"].full_name  # "ninfer.v1.NInfer"
+HEALTH_NAMES = ("", SERVICE_NAME)
+
+
+def bind_address(host: str, port: int) -> str:
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6 literal
+    return f"{host}:{port}"
+
+
+class InferenceServer:
+    def __init__(self, engine_factory: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None, limits: ServerLimits | None = None, max_workers: int | None = None,
+                 grace_s: float = 10.0, close_engine: bool = True):
+        self.limits = limits or ServerLimits()
+        self.host, self.port = host, port
+        self.grace_s = grace_s
+        self.engine: Any = None
+        self.warm_up_error: BaseException | None = None
+        self._engine_factory = engine_factory
+        self._close_engine = close_engine
+        self._stopped = threading.Event()
+        self._shutdown_lock = threading.Lock()
+        self.servicer = NInferServicer(self.limits)
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        workers = max_workers or self.limits.max_concurrent_rpcs
+        options = [
+            ("grpc.max_receive_message_length", self.limits.max_message_bytes),
+            ("grpc.max_send_message_length", self.limits.max_message_bytes),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, never shared
+        ]
+        interceptors = [BearerTokenInterceptor(token)] if token else []
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ninfer-rpc"),
+                                   options=options, interceptors=interceptors,
+                                   maximum_concurrent_rpcs=workers)
+        ninfer_pb2_grpc.add_NInferServicer_to_server(self.servicer, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self._server)
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    @property
+    def address(self) -> str:
+        return bind_address(self.host, self.port)
+
+    def _set_health(self, status) -> None:
+        for name in HEALTH_NAMES:
+            self.health.set(name, status)
+
+    def start(self) -> int:
+        """Bind and start answering (health NOT_SERVING until `warm_up`). Returns the port."""
+        try:
+            port = self._server.add_insecure_port(bind_address(self.host, self.port))
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind {self.address}: {exc}") from None
+        if not port:
+            raise OSError(f"cannot bind {self.address}")
+        self.port = port
+        self._server.start()
+        log.info("listening on %s (warming up)", self.address)
+        return port
+
+    def warm_up(self) -> None:
+        """Build the engine, then report SERVING. On failure health stays NOT_SERVING."""
+        engine = self._engine_factory()
+        if self._stopped.is_set():
+            engine.close()
+            return
+        self.engine = engine
+        self.servicer.attach(engine)
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving %s on %s", engine.model_info().get("name", "?"), self.address)
+
+    def shutdown(self, grace_s: float | None = None) -> None:
+        """Stop accepting, let running streams finish within the grace period, cancel the rest."""
+        grace = self.grace_s if grace_s is None else grace_s
+        with self._shutdown_lock:
+            if self._stopped.is_set():
+                return
+            self.health.enter_graceful_shutdown()  # every name NOT_SERVING, for good
+            self.servicer.start_draining()
+            if not self.servicer.wait_idle(grace):
+                n = self.servicer.cancel_all()
+                log.info("grace period over: cancelled %d running request(s)", n)
+                self.servicer.wait_idle(5.0)
+            self._server.stop(grace=1.0).wait(10.0)
+            if self.engine is not None and self._close_engine:
+                self.engine.close()
+            self._stopped.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    def serve_until_signal(self) -> None:
+        """Start, warm up and serve until SIGTERM or SIGINT, then shut down gracefully.
+        Must run on the main thread (Python delivers signals there)."""
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            warm = threading.Thread(target=self._warm_up_or_stop, args=(stop,), name="ninfer-warmup", daemon=True)
+            warm.start()
+            while not stop.wait(0.5):
+                pass
+            log.info("signal received: shutting down (grace %.1fs)", self.grace_s)
+            self.shutdown()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _warm_up_or_stop(self, stop: threading.Event) -> None:
+        try:
+            self.warm_up()
+        except BaseException as exc:  # noqa: BLE001 - a server that cannot build its engine exits
+            log.exception("warm-up failed")
+            self.warm_up_error = exc
+            stop.set()

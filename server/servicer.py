@@ -1,0 +1,175 @@
+"""The `ninfer.v1.NInfer` servicer: RPCs over an engine with the `ninfer_jax.Engine` surface.
+
+Every streaming RPC registers its request handle while it runs. The handle is cancelled when the
+call ends for any reason other than normal completion (client cancel, disconnect, deadline,
+server shutdown), through both the call's termination callback and the generator's `finally`,
+so the engine frees the request's resources at once. Before the engine exists (warm-up) and
+once draining starts (shutdown) every RPC answers UNAVAILABLE.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Iterator
+
+import grpc
+
+from server import convert
+from server.errors import status_for
+from server.limits import ServerLimits
+from server.proto import ninfer_pb2 as pb
+from server.proto import ninfer_pb2_grpc as pb_grpc
+
+log = logging.getLogger("ninfer.server")
+SERVER_VERSION = "ninfer.v1/0.1.0"
+
+
+class NInferServicer(pb_grpc.NInferServicer):
+    def __init__(self, limits: ServerLimits | None = None):
+        self.limits = limits or ServerLimits()
+        self.engine: Any = None  # set once warm-up finishes
+        self._closing = False
+        self._active: set = set()
+        self._idle = threading.Condition()
+        self._max_context = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def attach(self, engine: Any) -> None:
+        self._max_context = int(engine.model_info()["max_context"])
+        self.engine = engine
+
+    def start_draining(self) -> None:
+        """New RPCs answer UNAVAILABLE from now on; running streams continue."""
+        self._closing = True
+
+    def active_count(self) -> int:
+        with self._idle:
+            return len(self._active)
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._active, timeout=timeout)
+
+    def cancel_all(self) -> int:
+        with self._idle:
+            handles = list(self._active)
+        for handle in handles:
+            handle.cancel()
+        return len(handles)
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _engine(self, context: grpc.ServicerContext):
+        if self._closing:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+        if self.engine is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "server is warming up (loading and compiling the model)")
+        return self.engine
+
+    @staticmethod
+    def _fail(context: grpc.ServicerContext, exc: BaseException):
+        code, message = status_for(exc)
+        if code == grpc.StatusCode.INTERNAL:
+            log.exception("internal error in an RPC", exc_info=exc)
+        context.abort(code, message)
+
+    def _call(self, context, fn: Callable[[], Any]):
+        try:
+            return fn()
+        except Exception as exc:  # every failure becomes a status; abort raises
+            self._fail(context, exc)
+
+    def _stream(self, handle, context: grpc.ServicerContext, response_cls, *, chat: bool) -> Iterator:
+        """Relay the handle's deltas, then the final message; cancel the request if cut short."""
+        finished = False
+        failure: BaseException | None = None
+        done = None
+        with self._idle:
+            self._active.add(handle)
+        try:
+            context.add_callback(lambda: finished or handle.cancel())
+            if not context.is_active():  # the caller left before the callback was in place
+                handle.cancel()
+            for delta in handle.stream():
+                yield response_cls(**convert.delta_fields(handle.request_id, delta))
+            done = handle.result()
+            if done.finish_reason != "error":
+                final = convert.final_fields(done)
+                if chat:
+                    final["message"] = convert.assistant_to_proto(done.text)
+                finished = True
+                yield response_cls(**final)
+        except Exception as exc:  # noqa: BLE001 - reported as a status below, after clean-up
+            failure = exc
+        finally:
+            if not finished:
+                handle.cancel()
+            with self._idle:
+                self._active.discard(handle)
+                self._idle.notify_all()
+        # context.abort raises, so it runs only after the clean-up above.
+        if failure is not None:
+            self._fail(context, failure)
+        if done is not None and done.finish_reason == "error":
+            context.abort(grpc.StatusCode.INTERNAL, f"generation failed: {done.error or 'unknown error'}")
+
+    # --- RPCs --------------------------------------------------------------------------------
+    def Generate(self, request: pb.GenerateRequest, context):
+        engine = self._engine(context)
+
+        def submit():
+            prompt = convert.prompt_from_proto(request, self.limits)
+            sampling = convert.sampling_from_proto(request.sampling, self.limits, self._max_context)
+            rid = self.limits.check_request_id(request.request_id)
+            return engine.submit(prompt, sampling, request_id=rid)
+
+        handle = self._call(context, submit)
+        yield from self._stream(handle, context, pb.GenerateResponse, chat=False)
+
+    def Chat(self, request: pb.ChatRequest, context):
+        engine = self._engine(context)
+
+        def submit():
+            kwargs = convert.chat_from_proto(request, self.limits)
+            sampling = convert.sampling_from_proto(request.sampling, self.limits, self._max_context)
+            rid = self.limits.check_request_id(request.request_id)
+            return engine.submit_chat(kwargs.pop("messages"), sampling=sampling, request_id=rid, **kwargs)
+
+        handle = self._call(context, submit)
+        yield from self._stream(handle, context, pb.ChatResponse, chat=True)
+
+    def Tokenize(self, request: pb.TokenizeRequest, context):
+        engine = self._engine(context)
+
+        def encode():
+            self.limits.check_chars(len(request.text), "text")
+            ids = engine.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
+            return pb.TokenizeResponse(token_ids=ids)
+
+        return self._call(context, encode)
+
+    def GetModelInfo(self, request, context):
+        engine = self._engine(context)
+
+        def info():
+            i = engine.model_info()
+            return pb.ModelInfo(name=str(i.get("name", "")), model_type=str(i.get("model_type", "")),
+                                vocab_size=int(i.get("vocab_size", 0)), max_context=int(i.get("max_context", 0)),
+                                max_concurrency=int(i.get("max_concurrency", 0)), dtype=str(i.get("dtype", "")),
+                                eos_token_ids=[int(t) for t in i.get("eos_token_ids", ())],
+                                server_version=SERVER_VERSION)
+
+        return self._call(context, info)
+
+    def GetStats(self, request, context):
+        engine = self._engine(context)
+
+        def stats():
+            out = pb.Stats()
+            for key, value in engine.stats().items():
+                if isinstance(value, (bool, int)):
+                    out.counters[key] = int(value)
+                elif isinstance(value, float):
+                    out.values[key] = value
+            return out
+
+        return self._call(context, stats)
