@@ -36,3 +36,16 @@ class CheckpointError(NInferError, ValueError):
 
 class RequestError(NInferError, ValueError):
     """A request that can never be served as given (empty prompt, id outside the vocabulary...)."""
+
+
+class CapacityError(NInferError):
+    """RES-6: after reclaiming optional cache and pausing every other request, this request still
+    cannot obtain a legal unit — the configuration cannot serve it (the capacity contract)."""
+
+
+class QueueFullError(NInferError):
+    """The engine's waiting queue is at its configured limit; retry later."""
+
+
+class EngineClosedError(NInferError):
+    """The engine is closed or closing and takes no new requests."""

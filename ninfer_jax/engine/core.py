@@ -1,0 +1,388 @@
+"""EngineCore: the one control thread's scheduling cycle (G-8, SCH-1).
+
+Each `step()` is one cycle:
+  1. inbox: new requests join the fresh queue; cancels end requests wherever they are and
+     release everything at once;
+  2. resident unit permits, by original ticket (RES-3): each decoding row asks for the page
+     its next token may need, the oldest prefilling row for its next chunk's pages. If the
+     oldest resident is refused, the youngest other resident is paused by Replay (its binding
+     dropped, its tokens kept; SCH-4, G-5) and the permits are planned again at once (RES-4);
+     if it is alone and still refused, it gets the capacity contract error (RES-6);
+  3. fresh admission from the surplus, FIFO with bounded overtaking (SCH-2);
+  4. one compact decode batch and one prefill chunk (SCH-1, SCH-8);
+  5. settlement of every permit (RES-3), finishing rows, releasing their objects.
+Every resource change is a ledger plan committed through the Program; the core keeps no
+occupancy ledger of its own.
+
+Seams for later issues: `_pause` (Snapshot/Replay routes, PAUSE-*), `_admission_demand` and
+`_bind` (reuse sources, SRC-*/BIND-*), `_after_prefill` (captures at semantic points, SAVE-*).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+import queue
+import random
+import time
+from typing import Sequence
+
+import ledger
+from ledger import MAIN_KV, STATE_POOL, Refusal, UnitDemand, UnitKind
+from ninfer_jax.engine import sampling
+from ninfer_jax.engine.detok import Detokenizer
+from ninfer_jax.engine.request import DECODE, FINISHED, PREFILL, QUEUED, Request, RequestHandle
+from ninfer_jax.engine.scheduler import FreshQueue
+from ninfer_jax.engine.types import SamplingParams, TokenDelta, check_prompt
+from ninfer_jax.errors import CapacityError, QueueFullError
+from ninfer_jax.program.program import DecodeRow
+
+PAGE = ledger.PAGE_TOKENS
+
+COUNTERS = (
+    "requests_submitted", "requests_finished", "requests_cancelled", "requests_failed",
+    "prompt_tokens", "prefill_tokens", "replay_tokens", "reused_tokens", "cached_tokens",
+    "generated_tokens", "cache_hits", "h2d_bytes", "d2h_bytes",
+    "pauses_replay", "pauses_snapshot", "resumes_replay", "resumes_snapshot",
+    "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
+)
+
+
+class EngineCore:
+    def __init__(self, program, decode_text=None, *, max_queue: int = 4096, max_context: int | None = None):
+        self.program = program
+        self.decode_text = decode_text  # ids -> text, or None (token ids only)
+        self.c = program.config.max_concurrency
+        self.max_context = max_context or program.config.max_context
+        self.max_queue = max_queue
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.fresh: FreshQueue[Request] = FreshQueue(self.c, lambda r: r.ticket)
+        self.residents: list[Request] = []  # lane holders, kept in ticket order
+        self.by_id: dict[str, Request] = {}
+        self._tickets = itertools.count(1)
+        self.counters = collections.Counter({k: 0 for k in COUNTERS})
+        self.cycle_seconds = 0.0  # wall time in step(), for the overhead figure
+        self.compute_seconds = 0.0  # wall time inside the Program's steps
+
+    # ---- intake (any thread) ---------------------------------------------------------
+    def make_request(self, prompt: Sequence[int], sp: SamplingParams, request_id: str | None,
+                     cancel_fn) -> Request:
+        """Validate at the boundary (doctrine 3) and build the record; nothing is queued yet."""
+        prompt = check_prompt(prompt, self.program.vocab_size, self.max_context)
+        if len(prompt) >= self.max_context:
+            from ninfer_jax.errors import RequestError
+            raise RequestError(f"prompt: {len(prompt)} tokens leave no room to generate within "
+                               f"max_context={self.max_context}")
+        ticket = next(self._tickets)
+        rid = request_id or f"req-{ticket}"
+        seed = sp.seed if sp.seed is not None else random.getrandbits(63)
+        stop_ids = set(sp.stop_token_ids)
+        if not sp.ignore_eos:
+            stop_ids |= set(self.program.eos_token_ids)
+        handle = RequestHandle(rid, cancel_fn)
+        return Request(ticket=ticket, request_id=rid, prompt=prompt, sampling=sp, seed=seed,
+                       max_context=self.max_context, handle=handle,
+                       detok=Detokenizer(self.decode_text, sp.stop), stop_ids=frozenset(stop_ids))
+
+    # ---- the cycle (engine thread) ---------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.residents or len(self.fresh))
+
+    def step(self) -> None:
+        start = time.perf_counter()
+        self._drain_inbox()
+        if self.has_work():
+            self.counters["cycles"] += 1
+            self._cycle()
+        self.cycle_seconds += time.perf_counter() - start
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "submit":
+                self._accept(payload)
+            elif kind == "cancel":
+                req = self.by_id.get(payload)
+                if req is not None and req.phase != FINISHED:
+                    self._finish(req, "cancelled")
+            elif kind == "call":
+                fn, box = payload
+                try:
+                    box.put((True, fn()))
+                except BaseException as e:  # handed back to the caller's thread
+                    box.put((False, e))
+
+    def _accept(self, req: Request) -> None:
+        self.counters["requests_submitted"] += 1
+        if len(self.fresh) >= self.max_queue:  # Engine.submit refuses earlier; this is the backstop
+            self.counters["queue_full_errors"] += 1
+            req.phase, req.finish_reason = FINISHED, "error"
+            req.error = str(QueueFullError(f"the queue holds {self.max_queue} requests"))
+            req.handle._finish(req.completion())
+            return
+        self.by_id[req.request_id] = req
+        self.counters["prompt_tokens"] += len(req.prompt)
+        self.fresh.push(req)
+
+    def _cycle(self) -> None:
+        permits = self._resident_permits()
+        prefill = permits.get("prefill")
+        admitted = self._admit(take_prefill=prefill is None)
+        prefill = prefill or admitted
+        decode_rows = [r for r in self.residents if r.phase == DECODE and r in permits["decode"]]
+        self._allocate(permits["decode"], prefill)
+        if decode_rows:
+            self._run_decode(decode_rows)
+        if prefill is not None:
+            self._run_prefill(prefill[0])
+        self._settle(permits["decode"], prefill)
+
+    # ---- permits ---------------------------------------------------------------------
+    @staticmethod
+    def _pages_needed(req: Request, upto: int) -> int:
+        return max(0, math.ceil(upto / PAGE) - len(req.pages))
+
+    def _chunk(self, req: Request) -> int:
+        return min(self.program.chunk_size, len(req.target) - req.fed)
+
+    def _resident_permits(self) -> dict:
+        """RES-3: resident rows by ticket; the oldest always progresses (pausing the young)."""
+        while True:
+            prefill_req = next((r for r in self.residents if r.phase == PREFILL), None)
+            rows, demands = [], []
+            for r in self.residents:
+                if r.phase == DECODE:
+                    need, kind = self._pages_needed(r, r.fed + 1), UnitKind.DECODE
+                elif r is prefill_req:
+                    kind = UnitKind.REPLAY if r.replaying else UnitKind.PREFILL
+                    need = self._pages_needed(r, r.fed + self._chunk(r))
+                else:
+                    continue
+                rows.append(r)
+                demands.append(UnitDemand(r.key, kind, {MAIN_KV: need}))
+            plan = ledger.plan_cycle_permits(self.program.state, demands)
+            refused = [r for r, got in zip(rows, plan.proof.rows) if isinstance(got, Refusal)]
+            if refused and refused[0] is self.residents[0]:
+                # The oldest resident cannot progress: SCH-4, pause the youngest other resident.
+                if len(self.residents) > 1:
+                    self._pause(self.residents[-1])
+                    continue  # RES-4: plan again at once on the new capacity
+                self._capacity_error(refused[0], plan.proof.rows[rows.index(refused[0])])
+                continue
+            self.program.commit(plan)
+            out = {"decode": {}}
+            for r, got in zip(rows, plan.proof.rows):
+                if isinstance(got, Refusal):
+                    continue  # waits for a later cycle; the oldest row is never here
+                if r is prefill_req:
+                    out["prefill"] = (r, got)
+                else:
+                    out["decode"][r] = got
+            return out
+
+    def _admission_demand(self, req: Request) -> UnitDemand:
+        kind = UnitKind.REPLAY if req.replaying else UnitKind.PREFILL
+        first = min(self.program.chunk_size, len(req.target))
+        return UnitDemand(req.key, kind, {STATE_POOL: 1, MAIN_KV: self._pages_needed(req, first)})
+
+    def _admit(self, take_prefill: bool = True):
+        """Fresh admission from the surplus (RES-3, SCH-2). Returns the prefill turn if one of
+        the admitted requests takes it."""
+        turn = None
+        lanes = self.c - len(self.residents)
+        if lanes <= 0 or not len(self.fresh):
+            return None
+
+        def try_admit(req: Request) -> bool:
+            nonlocal turn
+            plan = ledger.plan_unit_permit(self.program.state, self._admission_demand(req))
+            if isinstance(plan, Refusal):
+                if not self.residents and req is self.fresh.head():
+                    self._capacity_error(req, plan)  # nothing else holds anything (RES-6)
+                return False
+            self.program.commit(plan)
+            pid = plan.proof.permits[0]
+            self._bind(req, pid)
+            if turn is None and take_prefill:
+                turn = (req, pid)
+            else:
+                self._settle_permit(req, pid)
+            return True
+
+        self.fresh.scan(lanes, try_admit)
+        return turn
+
+    def _bind(self, req: Request, permit_id: int) -> None:
+        """Give an admitted request its lane and working StateImage slot (seam for BIND-*)."""
+        plan = ledger.plan_allocate(self.program.state, STATE_POOL, 1, req.key, permit_id=permit_id)
+        self.program.commit(plan)
+        (obj, _, unit), = plan.proof.allocated
+        req.slot, req.slot_object = unit, obj
+        req.phase = PREFILL
+        if req.t_admitted is None:
+            req.t_admitted = time.perf_counter()
+        self.residents.append(req)
+        self.residents.sort(key=lambda r: r.ticket)
+
+    def _allocate(self, decode_permits: dict, prefill) -> None:
+        grants = list(decode_permits.items())
+        if prefill is not None:
+            grants.append(prefill)
+        for req, pid in grants:
+            upto = req.fed + (1 if req.phase == DECODE else self._chunk(req))
+            n = self._pages_needed(req, upto)
+            if n:
+                plan = ledger.plan_allocate(self.program.state, MAIN_KV, n, req.key, permit_id=pid)
+                self.program.commit(plan)
+                for obj, _, unit in plan.proof.allocated:
+                    req.page_objects.append(obj)
+                    req.pages.append(unit)
+
+    def _settle_permit(self, req: Request, pid: int) -> None:
+        self.program.commit(ledger.plan_settle(self.program.state, pid, req.key))
+
+    def _settle(self, decode_permits: dict, prefill) -> None:
+        pairs = [(pid, r.key) for r, pid in decode_permits.items()]
+        if prefill is not None:
+            pairs.append((prefill[1], prefill[0].key))
+        live = self.program.state.permits
+        pairs = [p for p in pairs if p[0] in live]  # a finished row's permit went with it
+        if pairs:
+            self.program.commit(ledger.plan_settle_all(self.program.state, pairs))
+
+    # ---- execution ---------------------------------------------------------------------
+    def _run_decode(self, rows: list[Request]) -> None:
+        t0 = time.perf_counter()
+        logits = self.program.decode([DecodeRow(r.output[-1], r.fed, tuple(r.pages), r.slot) for r in rows])
+        self.compute_seconds += time.perf_counter() - t0
+        self.counters["decode_steps"] += 1
+        for r, row_logits in zip(rows, logits):
+            r.fed += 1
+            self._sample(r, row_logits)
+
+    def _run_prefill(self, req: Request) -> None:
+        n = self._chunk(req)
+        tokens = req.target[req.fed:req.fed + n]
+        t0 = time.perf_counter()
+        logits = self.program.prefill(tokens, req.fed, req.pages, req.slot)
+        self.compute_seconds += time.perf_counter() - t0
+        self.counters["prefill_chunks"] += 1
+        self.counters["replay_tokens" if req.replaying else "prefill_tokens"] += n
+        req.fed += n
+        if req.fed < len(req.target):
+            return
+        req.phase = DECODE
+        if req.replaying:  # the binding is rebuilt; the pending token is decoded next (PAUSE-5)
+            req.replaying = False
+            self.counters["resumes_replay"] += 1
+        else:
+            self._sample(req, logits)
+
+    def _sample(self, req: Request, logits) -> None:
+        position = len(req.prompt) + len(req.output)
+        token, lp = sampling.sample(logits, req.sampling, req.seed, position, req.prompt, req.output)
+        now = time.perf_counter()
+        if req.t_first_token is None:
+            req.t_first_token = now
+        else:
+            req.max_gap = max(req.max_gap, now - req.t_last_token)
+        req.t_last_token = now
+        req.output.append(token)
+        self.counters["generated_tokens"] += 1
+        if lp is not None:
+            req.logprobs.append(lp)
+        text = req.detok.push(token)
+        req.text += text
+        req.handle._push(TokenDelta((token,), text, (lp,) if lp is not None else ()))
+        if req.detok.stopped or token in req.stop_ids:
+            self._finish(req, "stop")
+        elif len(req.output) >= req.sampling.max_tokens or len(req.prompt) + len(req.output) >= req.max_context:
+            self._finish(req, "length")
+
+    # ---- ends, pauses and errors ---------------------------------------------------------
+    def _release(self, req: Request) -> None:
+        """Drop every reference the request holds; its lane is free (a recovery opportunity)."""
+        if req.objects:
+            self.program.commit(ledger.plan_drop_holders(self.program.state, req.objects, req.key))
+        live = self.program.state.permits
+        for pid, permit in list(live.items()):
+            if permit.owner == req.key:
+                self._settle_permit(req, pid)
+        req.pages, req.page_objects, req.slot, req.slot_object = [], [], None, None
+        req.fed = 0
+        if req in self.residents:
+            self.residents.remove(req)
+        self.fresh.dirty = True
+
+    def _pause(self, req: Request) -> None:
+        """Pause by Replay: drop the binding, keep tokens and seed; resume re-prefills
+        `target` and continues exactly where it was (G-5, PAUSE-5)."""
+        self._release(req)
+        req.phase, req.replaying = QUEUED, True
+        self.counters["pauses_replay"] += 1
+        self.fresh.push(req)
+
+    def _capacity_error(self, req: Request, refusal) -> None:
+        self.counters["capacity_errors"] += 1
+        detail = getattr(refusal, "shortfall", None)
+        req.error = str(CapacityError(
+            f"request {req.request_id} cannot obtain a legal unit even alone "
+            f"(RES-6; shortfall {detail.pools if detail else refusal})"))
+        self._finish(req, "error")
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.phase == QUEUED:
+            self.fresh.remove(req)
+        else:
+            self._release(req)
+        req.phase, req.finish_reason = FINISHED, reason
+        if reason == "cancelled":
+            self.counters["requests_cancelled"] += 1
+        elif reason == "error":
+            self.counters["requests_failed"] += 1
+        else:
+            self.counters["requests_finished"] += 1
+        tail = req.detok.flush() if reason in ("length", "cancelled") else ""
+        if tail:
+            req.text += tail
+            req.handle._push(TokenDelta((), tail))
+        self.by_id.pop(req.request_id, None)
+        req.handle._finish(req.completion())
+
+    # ---- integrity (DESIGN.md doctrine 2) ---------------------------------------------------
+    def check_integrity(self) -> None:
+        """Recount the ledger from first principles and check every binding against it."""
+        recount = self.program.check_integrity()
+        state = self.program.state
+        held: dict = collections.defaultdict(set)
+        for oid, obj in state.objects.items():
+            for h in obj.holders:
+                held[h].add(oid)
+        live = {r.key: r for r in self.residents}
+        for key, oids in held.items():
+            req = live.get(key)
+            if req is None:
+                raise ledger.IntegrityError(f"{key} holds objects {sorted(oids)} but is not resident")
+            if oids != set(req.objects):
+                raise ledger.IntegrityError(f"{key} holds {sorted(oids)}, its record says {sorted(req.objects)}")
+            units = [state.objects[o].device.location for o in req.page_objects]
+            if units != req.pages:
+                raise ledger.IntegrityError(f"{key}: page table {req.pages} differs from the ledger {units}")
+        for r in self.residents:
+            if r.slot_object is None or r.key not in held:
+                raise ledger.IntegrityError(f"resident {r.request_id} has no StateImage slot")
+            if len(r.pages) * PAGE < r.fed:
+                raise ledger.IntegrityError(f"{r.request_id}: frontier {r.fed} beyond its {len(r.pages)} pages")
+        if state.permits:
+            raise ledger.IntegrityError(f"permits outstanding between cycles: {sorted(state.permits)}")
+        if len(self.residents) > self.c:
+            raise ledger.IntegrityError(f"{len(self.residents)} residents for {self.c} lanes")
+        if not self.residents:
+            for pool_id, counts in recount.pools.items():
+                if counts["used"] or counts["reserved"]:
+                    raise ledger.IntegrityError(f"idle engine but pool {pool_id} has {counts}")
+            if recount.host_used_bytes:
+                raise ledger.IntegrityError(f"idle engine but {recount.host_used_bytes} Host bytes used")

@@ -1,0 +1,193 @@
+"""`Engine`: the public Python API around the Program and the EngineCore control thread.
+
+    engine = Engine(EngineConfig())            # loads, compiles every bucket, starts the loop
+    engine.generate("Hello", SamplingParams(temperature=0, max_tokens=16)).text
+    handle = engine.submit([1, 2, 3]); for delta in handle.stream(): ...
+    engine.chat([{"role": "user", "content": "hi"}])
+    engine.stats(); engine.check_integrity(); engine.close()
+
+Requests are validated on the caller's thread (a bad one raises there and touches nothing
+else); the engine thread owns every record, plan and buffer (G-8). `start=False` gives a
+manually stepped engine (`engine.step()`), which tests use to check integrity every cycle.
+"""
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from typing import Sequence
+
+from ninfer_jax.config import EngineConfig
+from ninfer_jax.engine.core import EngineCore
+from ninfer_jax.engine.request import RequestHandle
+from ninfer_jax.engine.types import Completion, SamplingParams
+from ninfer_jax.errors import EngineClosedError, QueueFullError, RequestError
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, *, program=None, start: bool = True):
+        self.config = config if config is not None else EngineConfig()
+        t0 = time.perf_counter()
+        if program is None:
+            from ninfer_jax.program.program import Program
+
+            if self.config.progress:
+                print(f"[ninfer] loading {self.config.model} ({self.config.dtype})", file=sys.stderr)
+            program = Program(self.config)
+        self.program = program
+        self.tokenizer = self._load_tokenizer()
+        self.program.warmup()
+        self.warmup_seconds = time.perf_counter() - t0
+        self.core = EngineCore(program, self.tokenizer_decode if self.tokenizer else None,
+                               max_queue=self.config.max_queue)
+        self._chat = None
+        self._closed = False
+        self._wake = threading.Event()
+        self._thread = None
+        if start:
+            self._thread = threading.Thread(target=self._loop, name="ninfer-engine", daemon=True)
+            self._thread.start()
+
+    # ---- set-up ------------------------------------------------------------------------
+    def _load_tokenizer(self):
+        import os
+
+        from ninfer_jax.frontend.tokenizer import Tokenizer
+
+        model = self.config.model
+        if model.startswith("builtin:") or os.path.exists(os.path.join(model, "tokenizer.json")):
+            return Tokenizer.load(model)
+        return None  # token ids only
+
+    def tokenizer_decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ---- the loop ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._closed:
+            if not self.core.has_work() and self.core.inbox.empty():
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            self.core.step()
+
+    def step(self) -> None:
+        """Run one cycle on this thread (engines built with start=False)."""
+        if self._thread is not None:
+            raise RuntimeError("this engine runs its own thread; step() is for start=False engines")
+        self.core.step()
+
+    def _post(self, kind: str, payload) -> None:
+        self.core.inbox.put((kind, payload))
+        self._wake.set()
+
+    def _call(self, fn):
+        """Run fn on the engine thread between cycles and return its result."""
+        if self._thread is None:
+            return fn()
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        self._post("call", (fn, box))
+        ok, value = box.get()
+        if not ok:
+            raise value
+        return value
+
+    # ---- requests ----------------------------------------------------------------------
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError(f"{self.config.model} ships no tokenizer: pass token ids")
+            return self.tokenizer.encode(prompt)
+        try:
+            return [int(t) if not isinstance(t, bool) else t for t in prompt]
+        except (TypeError, ValueError):
+            raise RequestError("prompt: expected text or a sequence of token ids") from None
+
+    def submit(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None, *,
+               request_id: str | None = None) -> RequestHandle:
+        """Queue one request; returns at once with its handle."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        if len(self.core.fresh) >= self.config.max_queue:
+            raise QueueFullError(f"the queue holds {self.config.max_queue} requests; retry later")
+        req = self.core.make_request(self._prompt_ids(prompt), sampling or SamplingParams(), request_id,
+                                     lambda rid: self._post("cancel", rid))
+        self._post("submit", req)
+        return req.handle
+
+    def generate(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None) -> Completion:
+        """Submit and wait. With start=False, steps the engine until the request finishes."""
+        handle = self.submit(prompt, sampling)
+        while self._thread is None and not handle.done():
+            self.step()
+        return handle.result()
+
+    def _frontend(self):
+        if self._chat is None:
+            if self.tokenizer is None:
+                raise RequestError(f"{self.config.model} ships no tokenizer: chat needs one")
+            from ninfer_jax.frontend import ChatFrontend
+
+            self._chat = ChatFrontend(self.tokenizer, max_input_tokens=self.config.max_context - 1)
+        return self._chat
+
+    def submit_chat(self, messages: list[dict], *, tools=None, session=None, cache_markers=None,
+                    sampling: SamplingParams | None = None, request_id: str | None = None) -> RequestHandle:
+        """Render the conversation with the model's chat template and queue it."""
+        rendered = self._frontend().render_chat(messages, tools=tools, cache_markers=cache_markers)
+        return self.submit(list(rendered.token_ids), sampling, request_id=request_id)
+
+    def chat(self, messages: list[dict], tools=None, session=None, cache_markers=None,
+             sampling: SamplingParams | None = None) -> Completion:
+        handle = self.submit_chat(messages, tools=tools, session=session, cache_markers=cache_markers,
+                                  sampling=sampling)
+        while self._thread is None and not handle.done():
+            self.step()
+        return handle.result()
+
+    # ---- observation -------------------------------------------------------------------
+    def stats(self) -> dict:
+        """OBS-1 counters (requests, prefill vs replay vs reused tokens, hits, transfers,
+        pauses and resumes by route, capacity errors, compilations) and gauges."""
+        def snapshot():
+            out = dict(self.core.counters)
+            out.update(compilations=self.program.compilations, residents=len(self.core.residents),
+                       queued=len(self.core.fresh), warmup_seconds=self.warmup_seconds)
+            return out
+        return self._call(snapshot)
+
+    def model_info(self) -> dict:
+        cfg = getattr(self.program, "model", None)
+        mc = cfg.config if cfg is not None else None
+        return {"name": self.config.model, "model_type": mc.model_type if mc else "sim",
+                "vocab_size": self.program.vocab_size, "max_context": self.config.max_context,
+                "max_concurrency": self.config.max_concurrency, "dtype": self.config.dtype,
+                "eos_token_ids": list(self.program.eos_token_ids), "kv_pages": self.program.capacity.kv_pages,
+                "state_slots": self.program.capacity.state_slots}
+
+    def check_integrity(self) -> None:
+        """Recompute every pool, arena extent, reference and binding from first principles
+        (doctrine 2); raises `ledger.IntegrityError` on any disagreement."""
+        self._call(self.core.check_integrity)
+
+    def close(self) -> None:
+        """Cancel what is left and stop the loop."""
+        if self._closed:
+            return
+
+        def cancel_all():
+            for req in list(self.core.by_id.values()):
+                self.core._finish(req, "cancelled")
+
+        self._call(cancel_all)
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

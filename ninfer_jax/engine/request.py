@@ -1,0 +1,119 @@
+"""Request records (the engine side of a request) and the caller's `RequestHandle`.
+
+The record holds what the spec's Engine request record owns: the original ticket, input and
+output, budget (`max_tokens`, `max_context`), the cancel flag and the first-event times; plus
+the device binding the Program gave it (lane, StateImage slot, Main KV pages) and its
+`execution_frontier` (`fed`: tokens whose KV and state exist). The binding can be dropped and
+rebuilt by Replay (G-5); input, output and seed never change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from typing import Iterator
+
+from ninfer_jax.engine.detok import Detokenizer
+from ninfer_jax.engine.types import Completion, SamplingParams, TokenDelta, TokenLogprob, Usage
+
+QUEUED, PREFILL, DECODE, FINISHED = "queued", "prefill", "decode", "finished"
+
+
+class RequestHandle:
+    """What `Engine.submit` returns: stream deltas, wait for the result, or cancel."""
+
+    def __init__(self, request_id: str, cancel_fn):
+        self.request_id = request_id
+        self._events: queue.Queue = queue.Queue()
+        self._cancel_fn = cancel_fn
+        self._completion: Completion | None = None
+        self._done = threading.Event()
+
+    # called by the engine thread
+    def _push(self, delta: TokenDelta) -> None:
+        self._events.put(delta)
+
+    def _finish(self, completion: Completion) -> None:
+        self._events.put(completion)
+        self._completion = completion
+        self._done.set()
+
+    # called by the caller
+    def stream(self) -> Iterator[TokenDelta]:
+        """Deltas as tokens are produced; ends when the request finishes."""
+        while True:
+            item = self._events.get()
+            if isinstance(item, Completion):
+                self._events.put(item)  # leave it for result()
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """Block until the request finishes; the whole `Completion`."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} not finished after {timeout}s")
+        return self._completion
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Ask the engine to cancel; idempotent. The result then reports finish_reason 'cancelled'."""
+        if not self._done.is_set():
+            self._cancel_fn(self.request_id)
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    ticket: int  # original ticket: FIFO order, kept across pauses (SCH-2, SCH-6)
+    request_id: str
+    prompt: tuple[int, ...]
+    sampling: SamplingParams
+    seed: int
+    max_context: int
+    handle: RequestHandle
+    detok: Detokenizer
+    stop_ids: frozenset[int]
+    output: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
+    phase: str = QUEUED
+    fed: int = 0  # execution_frontier
+    pages: list[int] = dataclasses.field(default_factory=list)  # Main KV units, logical order
+    page_objects: list[int] = dataclasses.field(default_factory=list)
+    slot: int | None = None
+    slot_object: int | None = None
+    replaying: bool = False  # rebuilding a dropped binding (Replay, PAUSE-*)
+    cancel_requested: bool = False
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    text: str = ""
+    t_submit: float = dataclasses.field(default_factory=time.perf_counter)
+    t_admitted: float | None = None
+    t_first_token: float | None = None
+    t_last_token: float | None = None
+    max_gap: float = 0.0
+
+    @property
+    def key(self) -> tuple:
+        """This request's holder key on ledger objects."""
+        return ("req", self.ticket)
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        """Tokens whose KV/state must exist before decoding: the prompt, plus every output
+        token but the last (which the next decode step feeds)."""
+        return self.prompt + tuple(self.output[:-1])
+
+    @property
+    def objects(self) -> list[int]:
+        return self.page_objects + ([self.slot_object] if self.slot_object is not None else [])
+
+    def completion(self) -> Completion:
+        return Completion(
+            request_id=self.request_id, prompt_token_ids=self.prompt, token_ids=tuple(self.output),
+            text=self.text, finish_reason=self.finish_reason,
+            usage=Usage(prompt_tokens=len(self.prompt), cached_tokens=self.cached_tokens,
+                        completion_tokens=len(self.output)),
+            logprobs=tuple(self.logprobs), error=self.error)

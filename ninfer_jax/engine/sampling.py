@@ -1,0 +1,77 @@
+"""Token choice for one row: penalties, temperature, top-k, top-p, min-p, seeded draws.
+
+Randomness is a pure function of (seed, logical position, purpose) (PAUSE-5): the draw for
+position p never depends on batching, chunking, cache hits or pauses, so a replayed or reused
+request picks exactly the tokens of a cold run.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from ninfer_jax.engine.types import SamplingParams, TokenLogprob
+
+PURPOSE_SAMPLE = 1  # the token draw; other purposes (speculative acceptance...) get their own ids
+
+
+def uniform(seed: int, position: int, purpose: int = PURPOSE_SAMPLE) -> float:
+    """The uniform draw in [0, 1) for (seed, position, purpose)."""
+    return float(np.random.default_rng((seed, position, purpose)).random())
+
+
+def _penalised(logits: np.ndarray, sp: SamplingParams, prompt: Sequence[int], output: Sequence[int]) -> np.ndarray:
+    x = logits.astype(np.float64, copy=True)
+    if sp.repetition_penalty != 1.0:
+        seen = np.fromiter(set(prompt) | set(output), dtype=np.int64)
+        if seen.size:
+            vals = x[seen]
+            x[seen] = np.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+    if (sp.presence_penalty or sp.frequency_penalty) and output:
+        counts = Counter(output)
+        ids = np.fromiter(counts.keys(), dtype=np.int64)
+        n = np.fromiter(counts.values(), dtype=np.float64)
+        x[ids] -= sp.frequency_penalty * n + sp.presence_penalty
+    return x
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def sample(logits: np.ndarray, sp: SamplingParams, seed: int, position: int,
+           prompt: Sequence[int], output: Sequence[int]) -> tuple[int, TokenLogprob | None]:
+    """Choose the token at `position` from `logits` `[V]`; also its logprob entry when asked.
+
+    Logprobs are those of the penalised distribution before temperature and truncation.
+    """
+    x = _penalised(logits, sp, prompt, output)
+    if sp.greedy:
+        token = int(np.argmax(x))
+    else:
+        z = x / sp.temperature
+        probs = np.exp(z - z.max())
+        keep = np.ones_like(probs, dtype=bool)
+        if sp.top_k and sp.top_k < probs.size:
+            kth = np.partition(probs, -sp.top_k)[-sp.top_k]
+            keep &= probs >= kth
+        if sp.min_p > 0:
+            keep &= probs >= sp.min_p * probs.max()
+        if sp.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            p = probs[order] / probs.sum()
+            cut = int(np.searchsorted(np.cumsum(p), sp.top_p)) + 1  # smallest set reaching top_p
+            top = np.zeros_like(keep)
+            top[order[:cut]] = True
+            keep &= top
+        probs = np.where(keep, probs, 0.0)
+        cdf = np.cumsum(probs)
+        token = int(np.searchsorted(cdf, uniform(seed, position) * cdf[-1], side="right"))
+        token = min(token, probs.size - 1)
+    if not sp.logprobs:
+        return token, None
+    lp = _log_softmax(x)
+    top_ids = np.argsort(-lp, kind="stable")[:sp.logprobs]
+    return token, TokenLogprob(token, float(lp[token]), tuple((int(i), float(lp[i])) for i in top_ids))

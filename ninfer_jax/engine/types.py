@@ -1,0 +1,127 @@
+"""Public request and result types: `SamplingParams`, `Completion`, `Usage`, `TokenDelta`.
+
+Validation happens here, at the boundary (DESIGN.md doctrine 3): a bad value is a
+`RequestError` naming the field, raised before the request reaches the engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from ninfer_jax.errors import RequestError
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. Temperature 0 is greedy.
+
+    Randomness is a pure function of (seed, logical position, purpose) (PAUSE-5), so a replay
+    after a pause, or a cache hit, draws exactly what a cold run draws. `seed=None` gets a
+    random seed at submission, recorded on the request.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int = 0  # how many top logprobs to return per token (0 = none)
+
+    def __post_init__(self):
+        def bad(field, why):
+            raise RequestError(f"sampling.{field}: {why}")
+
+        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature <= 100:
+            bad("temperature", f"must lie in [0, 100], got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            bad("top_k", f"must be a non-negative int (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            bad("top_p", f"must lie in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1:
+            bad("min_p", f"must lie in [0, 1], got {self.min_p!r}")
+        if not isinstance(self.repetition_penalty, (int, float)) or not 0 < self.repetition_penalty <= 10:
+            bad("repetition_penalty", f"must lie in (0, 10], got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not -2 <= value <= 2:
+                bad(name, f"must lie in [-2, 2], got {value!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63):
+            bad("seed", f"must be an int in [0, 2**63), got {self.seed!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            bad("max_tokens", f"must be a positive int, got {self.max_tokens!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            bad("stop", "must be non-empty strings")
+        if len(self.stop) > 16:
+            bad("stop", f"at most 16 stop strings, got {len(self.stop)}")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids", "must be non-negative ints")
+        if not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20:
+            bad("logprobs", f"must be an int in [0, 20], got {self.logprobs!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the context cache instead of prefilled
+    completion_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenDelta:
+    """One streamed step: new token ids and the text they completed (may be empty while a
+    multi-byte character or a possible stop string is pending)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str  # one of FINISH_REASONS
+    usage: Usage
+    logprobs: tuple[TokenLogprob, ...] = ()
+    error: str | None = None  # set when finish_reason == "error"
+
+
+def check_prompt(token_ids: Sequence[int], vocab_size: int, max_context: int) -> tuple[int, ...]:
+    """A prompt's token ids, validated against the vocabulary and the context limit (CFG-1)."""
+    ids = tuple(token_ids)
+    if not ids:
+        raise RequestError("prompt: empty")
+    for t in ids:
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise RequestError(f"prompt: token ids must be ints, got {t!r}")
+        if not 0 <= t < vocab_size:
+            raise RequestError(f"prompt: token id {t} outside the vocabulary [0, {vocab_size})")
+    if len(ids) > max_context:
+        raise RequestError(f"prompt: {len(ids)} tokens exceed max_context={max_context}")
+    return ids

@@ -1,0 +1,133 @@
+"""The Program: the only owner of the model's mutable resources (DESIGN.md).
+
+It holds the parameters, the donated device pools (Main KV pages, StateImage slots) and the
+Host arena through `ProgramStores`, the jitted step functions compiled once per shape bucket
+at warm-up, and applies ledger plans with `commit(plan)`. The engine asks it to run one
+prefill chunk and one compact decode batch per cycle.
+
+Buckets: decode rows are padded to 1/2/4/8 (up to C); a prefill chunk is one row padded to
+`chunk_size` tokens. Padding rows carry slot -1, so they read zeros and write nothing.
+"""
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import ledger
+from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
+from ninfer_jax.model.model import Model, load_model
+from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+from ninfer_jax.program.stores import ProgramStores
+from ninfer_jax.program.unit_pool import UnitPool
+
+DECODE_BUCKETS = (1, 2, 4, 8)
+
+
+class DecodeRow(NamedTuple):
+    token: int  # the token to feed (the last one sampled)
+    position: int  # its logical position
+    pages: tuple[int, ...]  # Main KV page units of the request, in logical order
+    slot: int  # its StateImage slot unit
+
+
+def decode_buckets(max_concurrency: int) -> tuple[int, ...]:
+    """Row buckets covering 1..C: powers of two up to the first one >= C."""
+    out = []
+    for b in DECODE_BUCKETS:
+        out.append(b)
+        if b >= max_concurrency:
+            break
+    return tuple(out)
+
+
+class Program:
+    """Real model math on the device pools."""
+
+    def __init__(self, config: EngineConfig, model: Model | None = None):
+        self.config = config
+        self.model = model if model is not None else load_model(config.model, config.dtype)
+        cfg = self.model.config
+        itemsize = jnp.dtype(self.model.dtype).itemsize
+        self.capacity: Capacity = resolve_capacity(config, cfg, itemsize)
+        kv, state = init_pools(cfg, self.capacity.kv_pages, self.capacity.state_slots, self.model.dtype)
+        self.stores = ProgramStores([UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, kv, PAGE_SIZE),
+                                     UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, state)],
+                                    self.capacity.host_capacity_bytes)
+        self.steps = CompiledSteps(self.model, backend=config.backend, progress=config.progress)
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_ids = tuple(cfg.eos_token_id)
+        self.chunk_size = config.chunk_size
+        self.decode_buckets = decode_buckets(config.max_concurrency)
+
+    # ---- facts ----------------------------------------------------------------------
+    @property
+    def compilations(self) -> int:
+        return len(self.steps.compilations)
+
+    @property
+    def state(self) -> ledger.LedgerState:
+        return self.stores.state
+
+    def commit(self, plan) -> ledger.LedgerState:
+        return self.stores.commit(plan)
+
+    def check_integrity(self) -> ledger.Recount:
+        return self.stores.check_integrity()
+
+    # ---- execution ------------------------------------------------------------------
+    def _table(self, pages: Sequence[int]) -> np.ndarray:
+        row = np.zeros(self.capacity.pages_per_request, np.int32)
+        row[:len(pages)] = pages
+        return row
+
+    def _run(self, kind: str, *args):
+        kv_pool = self.stores.pools[ledger.MAIN_KV]
+        st_pool = self.stores.pools[ledger.STATE_POOL]
+        fn = self.steps.prefill if kind == "prefill" else self.steps.decode
+        logits, _, kv, state = fn(kv_pool.tree, st_pool.tree, *args)
+        kv_pool.replace(kv)
+        st_pool.replace(state)
+        return logits
+
+    def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int) -> np.ndarray:
+        """One prefill chunk of one request from frontier `start`; logits `[V]` of its last token."""
+        n = len(tokens)
+        if not 0 < n <= self.chunk_size:
+            raise ValueError(f"prefill chunk of {n} tokens; expected 1..{self.chunk_size}")
+        buf = np.zeros((1, self.chunk_size), np.int32)
+        buf[0, :n] = tokens
+        logits = self._run("prefill", jnp.asarray(buf), jnp.array([start], jnp.int32), jnp.array([n], jnp.int32),
+                           jnp.asarray(self._table(pages)[None]), jnp.array([slot], jnp.int32))
+        return np.asarray(logits[0])
+
+    def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
+        """One decode step for each row; logits `[len(rows), V]`."""
+        n = len(rows)
+        bucket = next((b for b in self.decode_buckets if b >= n), None)
+        if not n or bucket is None:
+            raise ValueError(f"{n} decode rows; expected 1..{self.decode_buckets[-1]}")
+        tokens = np.zeros(bucket, np.int32)
+        positions = np.zeros(bucket, np.int32)
+        table = np.zeros((bucket, self.capacity.pages_per_request), np.int32)
+        slots = np.full(bucket, -1, np.int32)
+        for i, r in enumerate(rows):
+            tokens[i], positions[i], table[i], slots[i] = r.token, r.position, self._table(r.pages), r.slot
+        logits = self._run("decode", jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(table),
+                           jnp.asarray(slots))
+        return np.asarray(logits[:n])
+
+    def warmup(self) -> None:
+        """Compile every bucket once, on padding rows that write nothing."""
+        if self.config.progress:
+            print(f"[ninfer] warming up {1 + len(self.decode_buckets)} step buckets", file=sys.stderr)
+        p = self.capacity.pages_per_request
+        self._run("prefill", jnp.zeros((1, self.chunk_size), jnp.int32), jnp.zeros(1, jnp.int32),
+                  jnp.zeros(1, jnp.int32), jnp.zeros((1, p), jnp.int32), jnp.full(1, -1, jnp.int32))
+        for b in self.decode_buckets:
+            self._run("decode", jnp.zeros(b, jnp.int32), jnp.zeros(b, jnp.int32), jnp.zeros((b, p), jnp.int32),
+                      jnp.full(b, -1, jnp.int32))
+        jax.block_until_ready(self.stores.pools[ledger.STATE_POOL].tree)

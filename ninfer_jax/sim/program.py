@@ -1,0 +1,79 @@
+"""A cost-model Program: the real ledger and stores, no model math.
+
+Same interface as `ninfer_jax.program.Program`, so the same engine loop (scheduler, permits,
+allocation, settlement, sampling, streaming) replays many thousands of requests in seconds.
+Pools are one byte per unit; logits are a cheap deterministic function of (token, position),
+so outputs are reproducible; time is modelled (`sim_seconds`) rather than measured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+import ledger
+from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
+from ninfer_jax.model import builtin
+from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.program.program import DecodeRow, decode_buckets
+from ninfer_jax.program.stores import ProgramStores
+from ninfer_jax.program.unit_pool import UnitPool
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per step: a fixed launch cost plus a per-token (prefill) or per-row (decode) part."""
+
+    prefill_fixed: float = 2e-3
+    prefill_per_token: float = 2e-5
+    decode_fixed: float = 1e-3
+    decode_per_row: float = 1e-4
+
+
+class SimProgram:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None, cost: CostModel = CostModel()):
+        self.config = config
+        cfg = model_config if model_config is not None else builtin.config()
+        self.capacity: Capacity = resolve_capacity(config, cfg, 2 if config.dtype == "bfloat16" else 4)
+        self.stores = ProgramStores(
+            [UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, jnp.zeros((self.capacity.kv_pages, 1), jnp.uint8), 64),
+             UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, jnp.zeros((self.capacity.state_slots, 1), jnp.uint8))],
+            self.capacity.host_capacity_bytes)
+        self.vocab_size = cfg.vocab_size
+        self.eos_token_ids = tuple(cfg.eos_token_id)
+        self.chunk_size = config.chunk_size
+        self.decode_buckets = decode_buckets(config.max_concurrency)
+        self.cost = cost
+        self.sim_seconds = 0.0
+        self.compilations = 0
+
+    @property
+    def state(self) -> ledger.LedgerState:
+        return self.stores.state
+
+    def commit(self, plan) -> ledger.LedgerState:
+        return self.stores.commit(plan)
+
+    def check_integrity(self) -> ledger.Recount:
+        return self.stores.check_integrity()
+
+    def warmup(self) -> None:
+        pass
+
+    def _logits(self, token: int, position: int) -> np.ndarray:
+        out = np.zeros(self.vocab_size, np.float32)
+        out[(31 * token + 17 * position + 7) % min(self.vocab_size, 1000)] = 10.0
+        return out
+
+    def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int) -> np.ndarray:
+        if not 0 < len(tokens) <= self.chunk_size:
+            raise ValueError(f"prefill chunk of {len(tokens)} tokens; expected 1..{self.chunk_size}")
+        self.sim_seconds += self.cost.prefill_fixed + self.cost.prefill_per_token * self.chunk_size
+        return self._logits(tokens[-1], start + len(tokens) - 1)
+
+    def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
+        bucket = next(b for b in self.decode_buckets if b >= len(rows))
+        self.sim_seconds += self.cost.decode_fixed + self.cost.decode_per_row * bucket
+        return np.stack([self._logits(r.token, r.position) for r in rows])
