@@ -20,6 +20,30 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 i
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _JSON = flags.DEFINE_bool("json", False, "bench: print one JSON object.")
 
+# serve, and generate/chat --server (the logic lives in server/cli_commands.py).
+_SERVER = flags.DEFINE_string("server", None, "generate/chat: HOST:PORT of a running `ninfer serve` to use "
+                              "instead of an in-process engine.")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to bind (loopback unless you say otherwise).")
+_PORT = flags.DEFINE_integer("port", 50051, "serve: port to bind (0 = any free port).", lower_bound=0)
+_TOKEN = flags.DEFINE_string("token", None, "serve: bearer token required in metadata; generate/chat --server: "
+                             "token to send. Default: $NINFER_TOKEN.")
+_MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", None, "Engine: requests decoded together.", lower_bound=1)
+_MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Engine: longest prompt + generation.", lower_bound=1)
+_CHUNK_SIZE = flags.DEFINE_integer("chunk_size", None, "Engine: prefill chunk length.", lower_bound=1)
+_KV_CAPACITY = flags.DEFINE_integer("kv_capacity", None, "Engine: Main KV capacity in tokens.", lower_bound=1)
+_DEVICE_STATE_SLOTS = flags.DEFINE_integer("device_state_slots", None, "Context cache: device StateImage slots.",
+                                           lower_bound=0)
+_HOST_CAPACITY_BYTES = flags.DEFINE_integer("host_capacity_bytes", None, "Context cache: Host arena bytes.",
+                                            lower_bound=0)
+_GRACE_S = flags.DEFINE_float("grace_s", 10.0, "serve: seconds running streams get to finish on SIGTERM/SIGINT.",
+                              lower_bound=0.0)
+_MAX_MESSAGE_BYTES = flags.DEFINE_integer("max_message_bytes", 8 << 20, "serve: largest gRPC message.",
+                                          lower_bound=1024)
+_MESSAGES = flags.DEFINE_string("messages", None, "chat: JSON list of messages, or @FILE (default: one user "
+                                "message with --prompt).")
+_SESSION = flags.DEFINE_string("session", None, "chat: session id.")
+_TIMEOUT = flags.DEFINE_float("timeout", None, "generate/chat --server: deadline of the call in seconds.")
+
 COMMANDS = ("generate", "chat", "serve", "bench", "trace")
 
 
@@ -77,6 +101,8 @@ def _prompt_ids(tokenizer) -> list[int]:
 
 def cmd_generate(args: list[str]) -> int:
     """Generate from one prompt on an in-process model; text to stdout as it is produced."""
+    if _SERVER.value:
+        return _generate_remote()
     import time
 
     from ninfer_jax.errors import NInferError
@@ -118,12 +144,51 @@ def cmd_generate(args: list[str]) -> int:
         return 1
 
 
+def _remote_sampling() -> dict:
+    return {"max_tokens": _MAX_TOKENS.value, "temperature": _TEMPERATURE.value, "seed": _SEED.value}
+
+
+def _generate_remote() -> int:
+    from server import cli_commands
+
+    prompt = _prompt_ids(None) if _TOKEN_IDS.value is not None else _PROMPT.value
+    return cli_commands.generate_remote(_SERVER.value, prompt, _remote_sampling(), token=_TOKEN.value,
+                                        timeout=_TIMEOUT.value)
+
+
+def cmd_chat(args: list[str]) -> int:
+    """Chat through a running server (--server=HOST:PORT)."""
+    from server import cli_commands
+
+    if not _SERVER.value:
+        print("ninfer chat: in-process chat is not available yet in this build; use --server=HOST:PORT",
+              file=sys.stderr)
+        return 2
+    try:
+        messages = cli_commands.parse_messages(_MESSAGES.value, _PROMPT.value)
+    except (OSError, ValueError) as e:
+        raise app.UsageError(str(e))
+    return cli_commands.chat_remote(_SERVER.value, messages, _remote_sampling(), session=_SESSION.value,
+                                    token=_TOKEN.value, timeout=_TIMEOUT.value)
+
+
+def cmd_serve(args: list[str]) -> int:
+    """Serve ninfer.v1 over gRPC until SIGTERM/SIGINT."""
+    from server import cli_commands
+
+    return cli_commands.serve(
+        model=_MODEL.value, host=_HOST.value, port=_PORT.value, token=_TOKEN.value, grace_s=_GRACE_S.value,
+        max_message_bytes=_MAX_MESSAGE_BYTES.value, dtype=_DTYPE.value, max_concurrency=_MAX_CONCURRENCY.value,
+        max_context=_MAX_CONTEXT.value, chunk_size=_CHUNK_SIZE.value, kv_capacity=_KV_CAPACITY.value,
+        device_state_slots=_DEVICE_STATE_SLOTS.value, host_capacity_bytes=_HOST_CAPACITY_BYTES.value)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(_usage(), file=sys.stderr)
         return 2
     command, rest = argv[1], argv[2:]
-    handlers = {"bench": cmd_bench, "generate": cmd_generate}
+    handlers = {"bench": cmd_bench, "generate": cmd_generate, "serve": cmd_serve, "chat": cmd_chat}
     if command not in handlers:
         if command in COMMANDS:
             print(f"ninfer {command}: not available yet in this build", file=sys.stderr)

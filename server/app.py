@@ -37,7 +37,7 @@ def bind_address(host: str, port: int) -> str:
 class InferenceServer:
     def __init__(self, engine_factory: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, limits: ServerLimits | None = None, max_workers: int | None = None,
-                 grace_s: float = 10.0, close_engine: bool = True):
+                 grace_s: float = 10.0, close_engine: bool = True, progress: Callable[[str], None] | None = None):
         self.limits = limits or ServerLimits()
         self.host, self.port = host, port
         self.grace_s = grace_s
@@ -45,6 +45,7 @@ class InferenceServer:
         self.warm_up_error: BaseException | None = None
         self._engine_factory = engine_factory
         self._close_engine = close_engine
+        self._progress = progress or log.info
         self._stopped = threading.Event()
         self._shutdown_lock = threading.Lock()
         self.servicer = NInferServicer(self.limits)
@@ -84,7 +85,7 @@ class InferenceServer:
             raise OSError(f"cannot bind {self.address}")
         self.port = port
         self._server.start()
-        log.info("listening on %s (warming up)", self.address)
+        self._progress(f"listening on {self.address} (warming up: health NOT_SERVING)")
         return port
 
     def warm_up(self) -> None:
@@ -96,7 +97,7 @@ class InferenceServer:
         self.engine = engine
         self.servicer.attach(engine)
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("serving %s on %s", engine.model_info().get("name", "?"), self.address)
+        self._progress(f"serving {engine.model_info().get('name', '?')} on {self.address} (health SERVING)")
 
     def shutdown(self, grace_s: float | None = None) -> None:
         """Stop accepting, let running streams finish within the grace period, cancel the rest."""
@@ -108,12 +109,13 @@ class InferenceServer:
             self.servicer.start_draining()
             if not self.servicer.wait_idle(grace):
                 n = self.servicer.cancel_all()
-                log.info("grace period over: cancelled %d running request(s)", n)
+                self._progress(f"grace period over: cancelled {n} running request(s)")
                 self.servicer.wait_idle(5.0)
             self._server.stop(grace=1.0).wait(10.0)
             if self.engine is not None and self._close_engine:
                 self.engine.close()
             self._stopped.set()
+            self._progress("stopped")
 
     def wait(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
@@ -129,7 +131,7 @@ class InferenceServer:
             warm.start()
             while not stop.wait(0.5):
                 pass
-            log.info("signal received: shutting down (grace %.1fs)", self.grace_s)
+            self._progress(f"shutting down (grace {self.grace_s:g}s)")
             self.shutdown()
         finally:
             for sig, handler in previous.items():
@@ -139,6 +141,7 @@ class InferenceServer:
         try:
             self.warm_up()
         except BaseException as exc:  # noqa: BLE001 - a server that cannot build its engine exits
-            log.exception("warm-up failed")
+            log.debug("warm-up failed", exc_info=exc)
+            self._progress(f"warm-up failed: {type(exc).__name__}: {exc}")
             self.warm_up_error = exc
             stop.set()

@@ -251,3 +251,13 @@ def running_server(engine, *, token: str | None = None, close_engine: bool = Fal
     finally:
         client.close()
         srv.shutdown(grace_s=2.0)
+
+
+def wait_until(predicate, timeout: float = 5.0, step: float = 0.01) -> bool:
+    """Poll `predicate` for at most `timeout` seconds; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return bool(predicate())
