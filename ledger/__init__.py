@@ -89,3 +89,40 @@ from ledger.transactions import (
 from ledger.usage import usage
 
 __all__ = [name for name in dir() if not name.startswith("_")]
+
+# -- the context-cache policy (records, checkpoints, index, evidence, reclamation; docs/cache_policy.md)
+from ledger.bind import BindRequest, plan_bind, plan_bind_transfer
+from ledger.cache_edit import CacheResult
+from ledger.cache_integrity import check_cache
+from ledger.cache_state import (
+    ActiveUse,
+    CacheState,
+    Checkpoint,
+    ContinuationRecord,
+    CostModel,
+    InputKind,
+    PointKind,
+    SharedEntry,
+    Tier,
+    WaitRef,
+    ckpt_holder,
+    empty_cache,
+    seq_holder,
+    wait_holder,
+)
+from ledger.capture import (
+    CaptureRequest,
+    SequenceView,
+    plan_capture,
+    plan_clear,
+    plan_pause,
+    plan_publish_end,
+    plan_revoke_snapshot,
+)
+from ledger.evidence import observe_prefill, rebalance_tiers
+from ledger.identity import InputIdentity, from_frontier_identity, identity_of
+from ledger.reclaim import Applicant, ApplicantKind, Gap, Quote, gap_order, plan_reclaim, quote
+from ledger.sources import SourceCandidate, SourceQuery, Takeover, query_sources, select_source
+from ledger.waiting import plan_release_wait, plan_revoke_wait, plan_wait, revocable_waiters
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,137 @@
+"""`Edit`: one policy operation's changes to the ledger (a `Chain` of primitive plans) and to
+the `CacheState`, closed together into a `CacheResult`.
+
+The engine commits `result.plan` through the Program and, when that succeeds, keeps
+`result.cache` as its new policy state; on `StalePlan` it drops both and plans again. A
+refusal anywhere returns the ledger's `Refusal` and changes neither (RES-2, SRC-4).
+"""
+from __future__ import annotations
+
+from typing import Hashable, NamedTuple
+
+from ledger import prefix_index as px
+from ledger.cache_state import CacheState, Checkpoint, ContinuationRecord, PointKind, Tier
+from ledger.chain import Chain
+from ledger.objects import plan_add_holders, plan_drop_holders
+from ledger.plan import Plan
+from ledger.state import LedgerState
+
+
+class CacheResult(NamedTuple):
+    """A policy operation's outcome: the ledger plan and the policy state it leads to."""
+
+    plan: Plan
+    cache: CacheState
+    outcome: tuple = ()  # what happened, in words and ids (e.g. ("private", cid), ("skipped", why))
+    ok: bool = True
+
+
+class Edit:
+    __slots__ = ("chain", "cache", "base_cache", "outcome")
+
+    def __init__(self, state: LedgerState, cache: CacheState):
+        self.chain = Chain(state)
+        self.cache = cache
+        self.base_cache = cache
+        self.outcome: list = []
+
+    @property
+    def state(self) -> LedgerState:
+        return self.chain.state
+
+    def add(self, plan):
+        return self.chain.add(plan)
+
+    def new_id(self) -> int:
+        c = self.cache
+        self.cache = c._replace(next_id=c.next_id + 1)
+        return c.next_id
+
+    def tick(self) -> int:
+        c = self.cache
+        self.cache = c._replace(clock=c.clock + 1)
+        return c.clock + 1
+
+    def set(self, **fields) -> None:
+        self.cache = self.cache._replace(**fields)
+
+    # -- records -------------------------------------------------------------------------
+    def put_record(self, r: ContinuationRecord) -> None:
+        self.set(records=self.cache.records.set(r.rid, r))
+
+    def new_record(self, session=None, publication=0, active=None, tier=Tier.NORMAL, demand_time=0,
+                   proven=0) -> ContinuationRecord:
+        r = ContinuationRecord(self.new_id(), session, publication, None, None, (), tier, demand_time, proven, active)
+        self.put_record(r)
+        return r
+
+    def prune_record(self, rid: int) -> None:
+        """CFG-7: an inactive record with no point left is deleted at once (and its session)."""
+        r = self.cache.records.get(rid)
+        if r is None or r.points() or r.active is not None:
+            return
+        recs = self.cache.records.delete(rid)
+        sessions = self.cache.sessions
+        if r.session is not None and sessions.get(r.session) == rid:
+            sessions = sessions.delete(r.session)
+        self.set(records=recs, sessions=sessions)
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def put_point(self, c: Checkpoint, *, hold: bool = True) -> None:
+        """Register a checkpoint; with `hold`, it takes its holder on its objects (G-3)."""
+        if hold:
+            self.add(plan_add_holders(self.state, c.object_ids(), c.holder))
+        cache = self.cache
+        index = cache.index if c.kind == PointKind.SNAPSHOT else px.add(cache.index, c.identity, c.cid)
+        self.set(checkpoints=cache.checkpoints.set(c.cid, c), index=index)
+
+    def drop_point(self, cid: int, *, release: bool = True) -> tuple:
+        """Retire a checkpoint: leave its owner, the index, and (with `release`) its objects.
+        Returns the object ids freed (dropping a point may free nothing, G-3)."""
+        cache = self.cache
+        c = cache.checkpoints[cid]
+        freed = ()
+        if release:
+            p = self.add(plan_drop_holders(self.state, c.object_ids(), c.holder))
+            freed = p.proof.freed
+        index = cache.index if c.kind == PointKind.SNAPSHOT else px.remove(cache.index, c.identity, cid)
+        self.set(checkpoints=cache.checkpoints.delete(cid), index=index)
+        kind, key = c.owner
+        if kind == "rec":
+            r = self.cache.records.get(key)
+            if r is not None:
+                r = r._replace(end=None if r.end == cid else r.end,
+                               input_point=None if r.input_point == cid else r.input_point,
+                               anchors=tuple(a for a in r.anchors if a != cid))
+                self.put_record(r)
+                self.prune_record(key)
+        elif kind == "shared":
+            self.set(shared=self.cache.shared.delete(key))
+        return freed
+
+    def mark(self) -> tuple:
+        """A point to roll back to (SAVE-4: a failed shared part keeps the private part)."""
+        c = self.chain
+        return (c.state, len(c.ops), len(c.effects), len(c.proofs), self.cache, len(self.outcome))
+
+    def rollback(self, m: tuple) -> None:
+        c = self.chain
+        c.state = m[0]
+        del c.ops[m[1]:], c.effects[m[2]:], c.proofs[m[3]:]
+        self.cache = m[4]
+        del self.outcome[m[5]:]
+
+    @property
+    def empty(self) -> bool:
+        return not self.chain.ops
+
+    def note(self, *what) -> None:
+        self.outcome.append(what)
+
+    def finish(self, kind: str, note: str = "", victims: tuple = ()) -> CacheResult:
+        return CacheResult(self.chain.finish(kind, note, victims), self.cache, tuple(self.outcome))
+
+
+def holders_outside(state: LedgerState, oid: int, mine: Hashable) -> frozenset:
+    o = state.objects.get(oid)
+    return frozenset() if o is None else o.holders - {mine}

@@ -1,0 +1,81 @@
+"""check_cache: recount the policy's references against the ledger's holders (doctrine 2).
+
+Every checkpoint and waiting reference holds exactly the objects it lists (holder counts
+exact, G-3); every `ckpt`/`wait` holder on an object belongs to a live checkpoint/waiter that
+lists it; records and shared entries point at live checkpoints they own; the prefix index
+lists exactly the non-snapshot checkpoints with no empty branch, and no inactive record is
+empty (CFG-7); at most four anchors (REC-1).
+"""
+from __future__ import annotations
+
+from ledger import prefix_index as px
+from ledger.cache_state import MAX_ANCHORS, CacheState, PointKind
+from ledger.errors import IntegrityError
+from ledger.integrity import check_integrity
+from ledger.state import LedgerState
+
+
+def check_cache(state: LedgerState, cache: CacheState) -> None:
+    check_integrity(state)
+    errs: list[str] = []
+    want: dict = {}
+    for cid, c in cache.checkpoints.items():
+        for oid in set(c.object_ids()):
+            want.setdefault(oid, set()).add(("ckpt", cid))
+        kind, key = c.owner
+        if kind == "rec":
+            r = cache.records.get(key)
+            if r is None or cid not in r.points():
+                errs.append(f"checkpoint {cid} not listed by its record {key}")
+        elif kind == "shared":
+            e = cache.shared.get(key)
+            if e is None or e.point != cid:
+                errs.append(f"checkpoint {cid} not listed by its shared entry {key}")
+        elif kind == "snap":
+            use = cache.active.get(key)
+            if use is None or use.snapshot != cid:
+                errs.append(f"snapshot {cid} not listed by request {key!r}")
+    for req, w in cache.waiters.items():
+        if w.cid not in cache.checkpoints and not w.objects:
+            errs.append(f"waiter {req!r} holds nothing")
+        for oid in w.objects:
+            want.setdefault(oid, set()).add(("wait", req))
+    for oid, o in state.objects.items():
+        have = {h for h in o.holders if h[0] in ("ckpt", "wait")}
+        if have != want.get(oid, set()):
+            errs.append(f"object {oid}: holders {sorted(map(repr, have))} != {sorted(map(repr, want.get(oid, set())))}")
+    for oid in want:
+        if oid not in state.objects:
+            errs.append(f"object {oid} listed by the cache is gone")
+    for rid, r in cache.records.items():
+        for cid in r.points():
+            c = cache.checkpoints.get(cid)
+            if c is None or c.owner != ("rec", rid):
+                errs.append(f"record {rid} lists {cid} it does not own")
+        if len(r.anchors) > MAX_ANCHORS:
+            errs.append(f"record {rid} has {len(r.anchors)} anchors")
+        if not r.points() and r.active is None:
+            errs.append(f"record {rid} is empty and inactive (CFG-7)")
+    for sid, e in cache.shared.items():
+        if e.point not in cache.checkpoints:
+            errs.append(f"shared entry {sid} lost its point")
+    listed: dict = {}
+    for k, cids in cache.index.items():
+        if not cids:
+            errs.append(f"empty index branch {k[0]} (CFG-7)")
+        for cid in cids:
+            listed[cid] = k
+    for cid, c in cache.checkpoints.items():
+        if c.kind == PointKind.SNAPSHOT:
+            if cid in listed:
+                errs.append(f"snapshot {cid} is in the index")
+        elif listed.get(cid) != px.key_of(c.identity):
+            errs.append(f"checkpoint {cid} missing from the index")
+    for cid in listed:
+        if cid not in cache.checkpoints:
+            errs.append(f"index lists dead checkpoint {cid}")
+    for s, rid in cache.sessions.items():
+        if rid not in cache.records:
+            errs.append(f"session {s!r} names dead record {rid}")
+    if errs:
+        raise IntegrityError("cache integrity: " + "; ".join(errs[:20]))

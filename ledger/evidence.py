@@ -1,0 +1,170 @@
+"""Demand evidence and tiers (HEAT-1..4, RD-9).
+
+- The demand summary keeps at most 256 items (`SUMMARY_ITEMS`) for save-opportunity
+  positions (RD-9): exact position key, frontier, the requests that really observed it, and
+  the time it became repeated demand. The least recently observed item is dropped when full.
+  It holds no State/KV and never counts as a hit (HEAT-3).
+- Observations come only from (a) a successful cross-request adoption of a non-zero source
+  (`observe_adoption`, HEAT-2) and (b) a new prefill commit crossing a candidate position,
+  once per request and position (`observe_prefill`, HEAT-2). Two different requests make
+  repeated demand even when no copy existed. Queries, waits, saves, migrations, completions
+  and a request's own Snapshot/Replay produce none (HEAT-3, WAIT-1).
+- `rebalance_tiers`: the reuse segment, newest real demand first, billed by unique physical
+  footprint per pool against 3/4 of the pool (HEAT-4, RD-5); older owners are demoted to
+  normal (a tier demotion, RD-4). A single newest owner may exceed the target.
+"""
+from __future__ import annotations
+
+from typing import Hashable, Iterable
+
+from ledger.cache_state import SOFT_TARGET, SUMMARY_ITEMS, ActiveUse, CacheState, SummaryItem, Tier
+from ledger.identity import InputIdentity
+from ledger.state import HOST, LedgerState
+
+
+def position_key(ident: InputIdentity) -> tuple:
+    """Exact key of a position: frontier, last block digest, the tail tokens, media, execution."""
+    n = len(ident.tokens)
+    k = len(ident.blocks)
+    return (n, ident.blocks[-1] if k else b"", ident.tokens[k * 64:], ident.media, ident.execution)
+
+
+def _observe(cache: CacheState, ident: InputIdentity, request: Hashable, now: int) -> tuple[CacheState, int]:
+    """Record one real observation; returns the new cache and the item's repeated-demand time."""
+    key = position_key(ident)
+    summary = cache.summary
+    item = summary.get(key)
+    if item is None:
+        if len(summary) >= SUMMARY_ITEMS:  # RD-9: drop the least recently observed
+            oldest = min(summary.values(), key=lambda i: (i.seen, repr(i.key)))
+            summary = summary.delete(oldest.key)
+        item = SummaryItem(key, len(ident.tokens), frozenset((request,)), 0, now)
+    elif request in item.requests:
+        item = item._replace(seen=now)
+    else:  # HEAT-2: a second request's real observation proves repeated demand
+        keep = frozenset(list(item.requests)[-1:]) | {request}
+        item = item._replace(requests=keep, demand_time=now, seen=now)
+    return cache._replace(summary=summary.set(key, item)), item.demand_time
+
+
+def demand_time_at(cache: CacheState, ident: InputIdentity) -> int:
+    """The position's own repeated-demand time (RCL-9), 0 if none."""
+    item = cache.summary.get(position_key(ident))
+    return item.demand_time if item is not None else 0
+
+
+def observe_prefill(cache: CacheState, request: Hashable, ident: InputIdentity, lo: int, hi: int,
+                    candidates: Iterable[int]) -> CacheState:
+    """HEAT-2: a new prefill commit covering (lo, hi] crossed these candidate positions.
+
+    Compute demand is recorded once per request and position (the request's `observed` set);
+    Replay of a paused request is not new prefill and must not be reported (PAUSE-5)."""
+    use = cache.active.get(request)
+    seen = use.observed if use is not None else frozenset()
+    now = cache.clock + 1
+    changed = False
+    for f in sorted(set(candidates)):
+        if lo < f <= hi and f not in seen and 0 < f <= len(ident.tokens):
+            cache, t = _observe(cache, ident.prefix(f), request, now)
+            seen = seen | {f}
+            changed = True
+            if t == now:
+                cache = _promote_points_at(cache, ident.prefix(f), now)
+    if not changed:
+        return cache
+    if use is not None:
+        cache = cache._replace(active=cache.active.set(request, use._replace(observed=seen)))
+    return cache._replace(clock=now)
+
+
+def _promote_points_at(cache: CacheState, ident: InputIdentity, now: int) -> CacheState:
+    """A checkpoint already kept at a position that just became repeated demand carries that
+    demand time as its own (RCL-9)."""
+    from ledger import prefix_index as px
+
+    for cid in tuple(px.candidates(cache.index, ident)):
+        c = cache.checkpoints[cid]
+        if c.identity == ident:
+            cache = cache._replace(checkpoints=cache.checkpoints.set(cid, c._replace(demand_time=now)))
+    return cache
+
+
+def observe_adoption(cache: CacheState, request: Hashable, cid: int, now: int, *, own: bool) -> CacheState:
+    """HEAT-1/2: a real adoption of checkpoint `cid` by `request` at time `now`.
+
+    Cross-request adoption of a non-zero source records repeated demand at that exact position
+    and resets the adopted owner's pair; a request's own snapshot (`own`) records nothing."""
+    c = cache.checkpoints.get(cid)
+    if c is None or own or c.frontier == 0:
+        return cache
+    cache, _ = _observe(cache, c.identity, ("adopt", cid, request), now)
+    cache, _ = _observe(cache, c.identity, request, now)
+    cache = cache._replace(checkpoints=cache.checkpoints.set(cid, c._replace(demand_time=now)))
+    kind, key = c.owner
+    if kind == "shared":  # HEAT-1: shared use updates the shared entry alone
+        e = cache.shared[key]
+        cache = cache._replace(shared=cache.shared.set(key, e._replace(tier=Tier.REUSE, demand_time=now,
+                                                                      proven_frontier=c.frontier)))
+    return cache
+
+
+def inherit_pair(record, source_frontier: int, now: int, *, consume: bool):
+    """HEAT-1, RD-6: a Consume resets the owner's pair from this source; a Fork from the
+    parent updates the parent only if the source covers the parent's proven position."""
+    if consume or source_frontier >= record.proven_frontier:
+        return record._replace(tier=Tier.REUSE, demand_time=now, proven_frontier=source_frontier)
+    return record
+
+
+def footprint(state: LedgerState, cache: CacheState, owner: tuple) -> set:
+    kind, key = owner
+    if kind == "rec":
+        r = cache.records.get(key)
+        cids = r.points() if r is not None else ()
+    else:
+        e = cache.shared.get(key)
+        cids = (e.point,) if e is not None else ()
+    out = set()
+    for cid in cids:
+        out.update(cache.checkpoints[cid].object_ids())
+    return out
+
+
+def rebalance_tiers(state: LedgerState, cache: CacheState) -> CacheState:
+    """HEAT-4, RD-5: keep the reuse segment within 3/4 of each physical pool, newest first."""
+    owners = [(r.demand_time, ("rec", r.rid)) for r in cache.records.values() if r.tier == Tier.REUSE]
+    owners += [(e.demand_time, ("shared", e.sid)) for e in cache.shared.values() if e.tier == Tier.REUSE]
+    owners.sort(key=lambda x: (-x[0], x[1]))
+    num, den = SOFT_TARGET
+    targets = {pid: p.spec.capacity * num // den for pid, p in state.pools.items()}
+    targets[HOST] = state.arena.capacity * num // den
+    used = dict.fromkeys(targets, 0)
+    billed: set = set()
+    demote = []
+    for i, (_, owner) in enumerate(owners):
+        add = dict.fromkeys(targets, 0)
+        for oid in footprint(state, cache, owner) - billed:  # unique footprint, counted once
+            o = state.objects.get(oid)
+            if o is None:
+                continue
+            if o.device is not None:
+                add[o.pool] += 1
+            if o.host is not None:
+                add[HOST] += o.host.nbytes
+        over = any(used[k] + add[k] > targets[k] and add[k] > 0 for k in targets)
+        if over and i > 0:  # the single newest owner may exceed the target
+            demote.append(owner)
+            continue
+        for k in targets:
+            used[k] += add[k]
+        billed |= footprint(state, cache, owner)
+    for kind, key in demote:  # RD-4: a tier demotion, nothing moves
+        if kind == "rec":
+            cache = cache._replace(records=cache.records.set(key, cache.records[key]._replace(tier=Tier.NORMAL)))
+        else:
+            cache = cache._replace(shared=cache.shared.set(key, cache.shared[key]._replace(tier=Tier.NORMAL)))
+    return cache
+
+
+def active_use(cache: CacheState, request: Hashable) -> ActiveUse | None:
+    return cache.active.get(request)

@@ -1,0 +1,472 @@
+"""Reclamation and admission (RCL-1..12, HOST-1..3, WAIT-2, RD-8).
+
+`quote(state, cache, gap, applicant)` is read-only (RCL-2): it enumerates a finite set of
+physical actions from the real holders of the objects in the scarce pool (RCL-1) — delete a
+group of checkpoints (every optional holder of the content together), drop a duplicate
+replica, or demote a Device page group / StateImage to Host (RD-4: a Host demotion) — with each
+action's real holder set, the amount of the gap it frees (unique objects, shared references
+never counted twice), its recovery-token loss against the surviving fallback (RCL-5) and its
+retention tier (RCL-3). It keeps the actions this applicant may take (RCL-8/10/11, WAIT-2),
+ranks them (RCL-4, RD-8; HOST-2 for the arena) and selects a set that closes the gap, or admits
+nothing. `plan_reclaim` turns a quote made on the very same states into a plan (stale: re-quote);
+the plan's ops re-check every object's version at commit (RCL-2, RCL-5).
+"""
+from __future__ import annotations
+
+from typing import Hashable, NamedTuple
+
+from ledger import arena as host
+from ledger import prefix_index as px
+from ledger.cache_edit import CacheResult, Edit
+from ledger.cache_state import CacheState, Checkpoint, PointKind, Tier, wait_holder
+from ledger.errors import InvalidRequest
+from ledger.objects import plan_drop_holders, plan_drop_replica
+from ledger.plan import Refusal
+from ledger.state import DEVICE, HOST, HOST_MEDIUM, KV_PAGES, LedgerState, TxnKind
+from ledger.transactions import TransferRequest, plan_begin_transfer
+
+
+class ApplicantKind:
+    NECESSARY = "necessary"  # admitted execution (RCL-8): any optional content, in order
+    CAPTURE = "capture"  # an optional new capture (RCL-10/11, SAVE-5)
+    WRITEBACK = "writeback"  # Host write-back of existing content (RCL-10, RCL-12)
+    SNAPSHOT = "snapshot"  # a pause Snapshot (RCL-10): optional cache, then later tickets' snapshots
+
+
+class Applicant(NamedTuple):
+    kind: str
+    budget: int = 0  # RCL-11: fixed added recovery coverage of a capture without own demand
+    demand_time: int = 0  # RCL-9: the candidate position's own repeated demand time (0: none)
+    tier: int = Tier.NORMAL  # the owner's tier (RCL-10: bounds what a cold capture may replace)
+    ticket: int | None = None  # the applicant's original ticket (WAIT-2 / pause snapshots)
+    revoke_waiters: bool = False  # WAIT-2, SCH-4: only when ordinary reclamation is not enough
+    fresh: bool = False  # fresh admission: revokes only younger waiters, never a paused one
+    demote: bool = True  # consider Host demotions (RCL-6)
+
+
+class Gap(NamedTuple):
+    """The currently scarce resource: units of a Device pool, or bytes of the Host arena."""
+
+    pool: str  # a Device pool id, or HOST
+    amount: int  # units, or bytes
+    allocations: tuple = ()  # HOST: the allocations that must place first-fit (HOST-1)
+
+
+class Action(NamedTuple):
+    kind: str  # "delete" | "drop_replica" | "demote"
+    cids: tuple  # checkpoints deleted (delete) or whose content is demoted
+    objects: tuple  # objects whose bytes in the gap's pool are freed (unique)
+    frees: int  # amount of the gap freed (units or bytes)
+    offsets: tuple  # HOST: arena offsets freed (HOST-1 pre-check)
+    loss: int  # recovery tokens lost against the surviving fallback (RCL-5)
+    tier: int  # REUSE when it touches hot content (RCL-3)
+    demand_time: int
+    holders: frozenset  # the real holder set (RCL-1)
+    waiters: tuple  # waiting references it revokes (WAIT-2)
+    medium: str = DEVICE  # drop_replica: which replica
+    host_victims: tuple = ()  # demote: Host actions fixed before sorting (RCL-5)
+
+
+class Quote(NamedTuple):
+    gap: Gap
+    applicant: Applicant
+    actions: tuple  # admissible actions, ranked
+    chosen: tuple  # the selected subset, in order
+    freed: int
+    loss: int
+    admitted: bool
+    excluded: int  # actions this applicant may not take
+    base: LedgerState
+    cache: CacheState
+
+
+# -- facts ------------------------------------------------------------------------------
+class _Facts:
+    """Facts shared by every candidate of one quote (RCL-2): fallbacks, protections."""
+
+    def __init__(self, state: LedgerState, cache: CacheState):
+        self.state, self.cache = state, cache
+        self._fb: dict = {}
+
+    def fallback(self, c: Checkpoint, gone: frozenset) -> int:
+        """RCL-5: the deepest surviving point that is an exact prefix of c (aliases deleted
+        together are not each other's fallback)."""
+        key = (c.cid, gone) if len(gone) > 1 else c.cid
+        got = self._fb.get(key)
+        if got is None:
+            best = 0
+            for cid in px.candidates(self.cache.index, c.identity):
+                if cid == c.cid or cid in gone:
+                    continue
+                d = self.cache.checkpoints[cid]
+                if best < d.frontier <= c.frontier and d.identity.is_prefix_of(c.identity):
+                    best = d.frontier
+            got = self._fb[key] = best
+        return got
+
+    def loss(self, cids: frozenset) -> int:
+        """RCL-5: lost coverage of a deleted group, nested points of one history counted once."""
+        pts = sorted((self.cache.checkpoints[c] for c in cids), key=lambda c: -c.frontier)
+        tops: list = []  # (top, intervals)
+        for c in pts:
+            iv = (self.fallback(c, cids), c.frontier)
+            for t in tops:
+                if c.identity.is_prefix_of(t[0].identity):
+                    t[1].append(iv)
+                    break
+            else:
+                tops.append((c, [iv]))
+        total = 0
+        for _, ivs in tops:
+            ivs.sort()
+            lo, hi = ivs[0]
+            for a, b in ivs[1:]:
+                if a > hi:
+                    total += hi - lo
+                    lo, hi = a, b
+                else:
+                    hi = max(hi, b)
+            total += hi - lo
+        return total
+
+    def hot(self, c: Checkpoint, gone: frozenset) -> tuple[bool, int]:
+        """RCL-3: is c hot content, and its owner's demand time."""
+        kind, key = c.owner
+        if kind == "shared":
+            e = self.cache.shared.get(key)
+            return (e is not None and e.tier == Tier.REUSE), (e.demand_time if e else 0)
+        if kind != "rec":
+            return False, 0
+        r = self.cache.records.get(key)
+        if r is None:
+            return False, 0
+        if r.tier != Tier.REUSE:
+            return False, r.demand_time
+        if c.frontier < r.proven_frontier:
+            return False, r.demand_time  # too shallow to be the proven position
+        for pid in r.points():  # a surviving earlier point of the owner still covering it
+            if pid in gone or pid == c.cid:
+                continue
+            p = self.cache.checkpoints[pid]
+            if r.proven_frontier <= p.frontier <= c.frontier and p.identity.is_prefix_of(c.identity):
+                return False, r.demand_time
+        return True, r.demand_time
+
+
+def _optional_holder(h, cache: CacheState, applicant: Applicant, revoked: list) -> bool:
+    """May this holder's reference be dropped for this applicant? (RCL-8, WAIT-2, PAUSE-4)"""
+    if h[0] == "ckpt":
+        c = cache.checkpoints.get(h[1])
+        if c is None:
+            return False
+        if c.kind == PointKind.SNAPSHOT:
+            if applicant.kind == ApplicantKind.NECESSARY and applicant.revoke_waiters:
+                return True  # SCH-4: pause snapshots are revoked on the same rung as waiters
+            if applicant.kind == ApplicantKind.SNAPSHOT and applicant.ticket is not None:
+                use = cache.active.get(c.owner[1])
+                return use is not None and use.publication_order > applicant.ticket
+            return False
+        return True
+    if h[0] == "wait":
+        w = cache.waiters.get(h[1])
+        if w is None or not applicant.revoke_waiters:
+            return False  # WAIT-2: optional writes never delete what a waiter holds
+        if applicant.kind not in (ApplicantKind.NECESSARY,):
+            return False
+        if applicant.fresh and (w.paused or applicant.ticket is None or w.ticket <= applicant.ticket):
+            return False  # WAIT-2: fresh admission revokes only younger, never paused, waiters
+        revoked.append(h[1])
+        return True
+    return False  # seq holders (active writers) and anything unknown are never victims
+
+
+def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant, protect: frozenset,
+               facts: _Facts) -> tuple[list, int]:
+    """RCL-1: the finite action set for this gap, from the objects' real holders."""
+    actions, excluded = [], 0
+    on_host = gap.pool == HOST
+    groups: dict = {}  # frozenset(cids) -> [objects]
+    member_groups: dict = {}
+    dup = []
+    for oid, o in state.objects.items():
+        if on_host:
+            if o.host is None or not o.host.complete:
+                continue
+        elif o.pool != gap.pool or o.device is None or not o.device.complete:
+            continue
+        if o.leases or (not on_host and o.pins) or oid in protect:
+            continue  # TXN-1: readers and pins keep the replica; RCL-8: own source kept
+        other = o.device if on_host else o.host
+        if other is not None and other.complete:  # HOST-1 / RCL-6: a safe duplicate replica
+            dup.append(o)
+            continue
+        revoked: list = []
+        if not all(_optional_holder(h, cache, applicant, revoked) for h in o.holders):
+            excluded += 1
+            continue
+        cids = frozenset(h[1] for h in o.holders if h[0] == "ckpt")
+        key = (cids, tuple(sorted(revoked, key=repr)))
+        if key not in groups:
+            groups[key] = []
+            for c in cids:
+                member_groups.setdefault(c, []).append(key)
+        groups[key].append(o)
+    for o in dup:
+        amount = o.host.nbytes if on_host else 1
+        actions.append(Action("drop_replica", (), (o.object_id,), amount,
+                              (o.host.location,) if on_host else (), 0, Tier.NORMAL, 0, o.holders, (),
+                              HOST_MEDIUM if on_host else DEVICE))
+    for key, objs in groups.items():
+        cids, waiters = key
+        if not cids:
+            continue
+        # Everything this group's deletion frees: its own objects and those of its subgroups.
+        freed = {o.object_id: o for o in objs}
+        for c in cids:
+            for k2 in member_groups.get(c, ()):
+                if k2 != key and k2[0] <= cids and set(k2[1]) <= set(waiters):
+                    for o in groups[k2]:
+                        freed[o.object_id] = o
+        amount = sum(o.host.nbytes for o in freed.values()) if on_host else len(freed)
+        if amount <= 0:
+            continue  # RCL-1: frees none of the scarce resource
+        tier, demand = Tier.NORMAL, 0
+        for c in cids:
+            h, t = facts.hot(cache.checkpoints[c], cids)
+            tier = max(tier, Tier.REUSE if h else Tier.NORMAL)
+            demand = max(demand, t)
+        holders = frozenset(h for o in freed.values() for h in o.holders)
+        offsets = tuple(o.host.location for o in freed.values()) if on_host else ()
+        actions.append(Action("delete", tuple(sorted(cids)), tuple(sorted(freed)), amount, offsets,
+                              facts.loss(cids), tier, demand, holders, waiters))
+    if not on_host and applicant.demote and state.transaction is None:
+        actions.extend(_demotions(state, cache, gap, applicant, protect, facts))
+    return actions, excluded
+
+
+def _demotions(state, cache, gap, applicant, protect, facts) -> list:
+    """RCL-5/6: Device -> Host demotions of content with no Host replica yet. A KV demotion is a
+    bounded page group of one checkpoint's pages (the deepest first), never State and KV
+    together; its Host victims are fixed before sorting and its loss is theirs."""
+    out = []
+    spec = state.pool(gap.pool).spec
+    seen: set = set()
+    want = gap.amount
+    for c in cache.checkpoints.values():
+        oids = [c.state] if spec.kind != KV_PAGES else [o for p, pages in c.kv if p == gap.pool for o in reversed(pages)]
+        group = []
+        for oid in oids:
+            o = state.objects[oid]
+            if oid in seen or oid in protect or o.pool != gap.pool or o.device is None or o.host is not None:
+                continue
+            if o.leases or o.pins or any(h[0] == "seq" for h in o.holders):
+                continue  # active and transfer readers limit movement (RCL-1); waiters allow it (WAIT-2)
+            group.append(oid)
+            if len(group) >= want:
+                break
+        if not group:
+            continue
+        seen.update(group)
+        allocs = [host.HostAllocation(spec.unit_bytes) for _ in group]  # pages are placed one by one
+        victims, loss = (), 0
+        if not host.fits(state.arena, allocs):
+            need = host.HostAllocation(spec.unit_bytes * len(group), len(group)) if spec.kind == KV_PAGES \
+                else host.HostAllocation(spec.unit_bytes)
+            wb = Applicant(ApplicantKind.WRITEBACK, budget=facts.loss(frozenset((c.cid,))),
+                           demand_time=c.demand_time, tier=facts.hot(c, frozenset())[0] and Tier.REUSE or Tier.NORMAL,
+                           demote=False)
+            q = _quote(state, cache, Gap(HOST, need.size, (need,)), wb, protect | set(group), facts)
+            if not q.admitted:
+                continue
+            victims, loss = q.chosen, q.loss
+        tier = Tier.REUSE if facts.hot(c, frozenset())[0] else Tier.NORMAL
+        out.append(Action("demote", (c.cid,), tuple(group), len(group), (), loss, tier, c.demand_time,
+                          frozenset(h for oid in group for h in state.objects[oid].holders), (),
+                          DEVICE, victims))
+    return out
+
+
+def _admissible(a: Action, ap: Applicant) -> bool:
+    """RCL-10: the admission table (the cumulative budget is checked during selection)."""
+    if a.loss == 0 and not a.host_victims:
+        return True  # nothing recoverable is lost (RCL-5)
+    if ap.kind == ApplicantKind.NECESSARY or ap.kind == ApplicantKind.SNAPSHOT:
+        return True  # RCL-8 / pause Snapshot: optional cache in order
+    if ap.demand_time:  # own repeated demand: normal content, or reuse content older than it
+        return a.tier == Tier.NORMAL or a.demand_time < ap.demand_time
+    return a.tier <= ap.tier  # the owner's tier bounds what a cold capture may replace
+
+
+def _rank_key(a: Action, gap_amount: int):
+    """RCL-4, RD-8: normal before reuse; normal by loss / useful freed amount (capped at the
+    gap), ties older demand first; reuse by demand time, oldest first."""
+    useful = min(a.frees, gap_amount) or 1
+    if a.tier == Tier.NORMAL:
+        return (0, a.loss / useful, a.demand_time, a.kind != "drop_replica", a.cids, a.objects)
+    return (1, a.demand_time, 0, True, a.cids, a.objects)
+
+
+def _quote(state, cache, gap, applicant, protect, facts) -> Quote:
+    actions, excluded = _enumerate(state, cache, gap, applicant, frozenset(protect), facts)
+    ok = []
+    for a in actions:
+        if _admissible(a, applicant):
+            ok.append(a)
+        else:
+            excluded += 1
+    if gap.pool == HOST:
+        return _select_host(state, cache, gap, applicant, ok, excluded)
+    ok.sort(key=lambda a: _rank_key(a, gap.amount))
+    chosen, freed_ids, loss = [], set(), 0
+    budgeted = applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and not applicant.demand_time
+    covered: set = set()  # RCL-7: Device pages already leaving through chosen migrations
+    for a in ok:
+        if len(freed_ids) >= gap.amount:
+            break
+        new = set(a.objects) - freed_ids
+        if not new:
+            continue  # RCL-7: adds nothing (judged by physical identity)
+        if budgeted and loss + a.loss >= applicant.budget and a.loss > 0:
+            continue  # RCL-11: cumulative loss must stay below the fixed added coverage
+        chosen.append(a)
+        freed_ids |= new
+        loss += a.loss
+    if len(freed_ids) < gap.amount:
+        return Quote(gap, applicant, tuple(ok), (), 0, 0, False, excluded, state, cache)
+    chosen = _drop_unneeded_device(chosen, gap.amount)
+    freed = len({o for a in chosen for o in a.objects})
+    return Quote(gap, applicant, tuple(ok), tuple(chosen), freed, sum(a.loss for a in chosen), True, excluded, state,
+                 cache)
+
+
+def _drop_unneeded_device(chosen: list, amount: int) -> list:
+    for a in reversed(list(chosen)):
+        rest = [b for b in chosen if b is not a]
+        if len({o for b in rest for o in b.objects}) >= amount:
+            chosen = rest
+    return chosen
+
+
+def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
+    """HOST-1/2: duplicates first; then actions that make the request fit before those that
+    only add bytes; benefit capped by the byte gap (or the largest allocation when bytes
+    suffice but nothing fits); drop what is no longer needed; nothing if it cannot fit."""
+    arena = state.arena
+    allocs = list(gap.allocations) or [host.HostAllocation(gap.amount)]
+    need = sum(a.size for a in allocs)
+    if host.fits(arena, allocs):
+        return Quote(gap, applicant, tuple(ok), (), 0, 0, True, excluded, state, cache)
+    byte_gap = max(0, need - arena.free_bytes)
+    cap = byte_gap or max(a.size for a in allocs)
+    budgeted = applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and not applicant.demand_time
+
+    def key(a):
+        fits_alone = host.fits(arena, allocs, a.offsets)
+        useful = min(a.frees, cap) or 1
+        base = _rank_key(a, cap)
+        return (a.kind != "drop_replica", not fits_alone, base[0], a.loss / useful, base[1:])
+
+    ranked = sorted(ok, key=key)
+    chosen, offsets, loss = [], [], 0
+    for a in ranked:
+        if budgeted and a.loss > 0 and loss + a.loss >= applicant.budget:
+            continue  # RCL-11
+        chosen.append(a)
+        offsets.extend(a.offsets)
+        loss += a.loss
+        if host.fits(arena, allocs, offsets):
+            break
+    else:
+        return Quote(gap, applicant, tuple(ranked), (), 0, 0, False, excluded, state, cache)  # HOST-2: delete nothing
+    for a in reversed(list(chosen)):  # HOST-2: drop actions no longer needed
+        rest = [b for b in chosen if b is not a]
+        if host.fits(arena, allocs, [o for b in rest for o in b.offsets]):
+            chosen = rest
+    freed = sum(a.frees for a in chosen)
+    return Quote(gap, applicant, tuple(ranked), tuple(chosen), freed, sum(a.loss for a in chosen), True, excluded,
+                 state, cache)
+
+
+def quote(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant, protect=()) -> Quote:
+    """A read-only reclamation quote for one typed gap (RCL-2): takes no reference or lease."""
+    if not isinstance(gap, Gap) or not isinstance(applicant, Applicant):
+        raise InvalidRequest("quote needs a Gap and an Applicant")
+    if gap.pool != HOST:
+        state.pool(gap.pool)
+    if type(gap.amount) is not int or gap.amount <= 0:
+        raise InvalidRequest(f"gap amount must be a positive int, got {gap.amount!r}")
+    return _quote(state, cache, gap, applicant, frozenset(protect), _Facts(state, cache))
+
+
+def gap_order(shortfall_pools) -> list:
+    """RCL-4, RD-8: handle State first, then Main KV, then backend KV, then the Host arena."""
+    def k(pool):
+        return (pool == HOST, not pool.startswith("state"), pool != "main_kv", pool)
+    return sorted(shortfall_pools, key=k)
+
+
+def safely_removable(state: LedgerState, cache: CacheState, c: Checkpoint) -> bool:
+    """REC-9: a point may be replaced only if no waiter or reader protects it."""
+    for oid in c.object_ids():
+        o = state.objects.get(oid)
+        if o is None or o.leases or any(h[0] == "wait" for h in o.holders):
+            return False
+    return True
+
+
+def apply_quote(e: Edit, q: Quote) -> None:
+    """Apply a quote's chosen actions to an Edit (deletions, duplicate drops, then one batched
+    demotion transaction, RCL-7). Waiters revoked here must reselect (WAIT-2)."""
+    demote = []
+    for a in q.chosen:
+        for hv in a.host_victims:
+            _apply_one(e, hv)
+        if a.kind == "demote":
+            demote.extend(a.objects)
+        else:
+            _apply_one(e, a)
+    if demote and e.state.transaction is None:
+        got = e.add(plan_begin_transfer(e.state, TransferRequest(TxnKind.DEMOTION, ("reclaim",), tuple(demote),
+                                                                 HOST_MEDIUM, drop_source=True)))
+        if isinstance(got, Refusal):
+            e.note("demotion_refused", got.reason)
+        else:
+            e.note("demotion", got.proof.generation, tuple(demote))
+
+
+def _apply_one(e: Edit, a: Action) -> None:
+    for req in a.waiters:
+        w = e.cache.waiters.get(req)
+        if w is not None:
+            e.add(plan_drop_holders(e.state, w.objects, wait_holder(req)))
+            e.set(waiters=e.cache.waiters.delete(req))
+            e.note("revoked_wait", req)
+    if a.kind == "drop_replica":
+        for oid in a.objects:
+            got = e.add(plan_drop_replica(e.state, oid, a.medium))
+            if isinstance(got, Refusal):
+                raise InvalidRequest(f"quote is stale: {got.detail}")
+        return
+    for cid in a.cids:
+        c = e.cache.checkpoints.get(cid)
+        if c is None:
+            continue
+        if c.kind == PointKind.SNAPSHOT:  # PAUSE-4: the paused request turns to Replay
+            req = c.owner[1]
+            use = e.cache.active.get(req)
+            if use is not None:
+                e.set(active=e.cache.active.set(req, use._replace(snapshot=None)))
+        e.drop_point(cid)
+        e.note("deleted", cid)
+
+
+def plan_reclaim(state: LedgerState, cache: CacheState, q: Quote) -> CacheResult | Refusal:
+    """Commit a quote's victim set (RCL-2: a quote is void once anything changed)."""
+    if q.base is not state or q.cache is not cache:
+        return Refusal("stale_quote", None, "resources changed since the quote; quote again (RCL-2)")
+    if not q.admitted:
+        return Refusal("not_admitted", None, f"no admissible action set closes the gap {q.gap}")
+    e = Edit(state, cache)
+    apply_quote(e, q)
+    victims = tuple((a.kind, a.cids, a.objects) for a in q.chosen)
+    return e.finish("reclaim", note=f"gap {q.gap.pool} {q.gap.amount}, loss {q.loss}", victims=victims)

@@ -1,0 +1,186 @@
+"""A model-free engine-side driver of the cache policy: the call order of docs/cache_policy.md.
+
+Used by the tests, the replay harness (`python -m ninfer_jax.bench.cache_replay`) and the
+benchmark. One request at a time: admission -> source query -> bind (a bind transaction first
+when the source lies on Host) -> prefill in chunks split at the semantic frontiers, with a
+capture at each -> decode -> finish publishes E. Shortage is met by a reclamation quote for
+the scarce pool (necessary execution, RCL-8) and the operation is planned again (RES-4).
+Every committed plan goes through `ledger.commit`; `check` runs check_cache after each.
+"""
+from __future__ import annotations
+
+from typing import Hashable, NamedTuple, Sequence
+
+from ledger import commit
+from ledger.bind import BindRequest, plan_bind, plan_bind_transfer
+from ledger.cache_edit import CacheResult
+from ledger.cache_integrity import check_cache
+from ledger.cache_state import CostModel, PointKind, empty_cache, seq_holder
+from ledger.capture import CaptureRequest, SequenceView, plan_capture, plan_clear, plan_publish_end
+from ledger.evidence import observe_prefill
+from ledger.identity import InputIdentity, identity_of
+from ledger.objects import plan_allocate
+from ledger.plan import Plan, Refusal
+from ledger.reclaim import Applicant, ApplicantKind, Gap, gap_order, plan_reclaim, quote
+from ledger.sources import SourceQuery, Takeover, query_sources
+from ledger.state import HOST, KV_PAGES, MAIN_KV, STATE_POOL, STATE_SLOTS, LedgerConfig, PoolSpec, initial_state
+from ledger.transactions import plan_complete, plan_publish, plan_submit
+
+
+class SavePoint(NamedTuple):
+    frontier: int
+    kind: str = PointKind.INPUT  # INPUT | ANCHOR | SHARED
+    input_kind: str = "ResponseReplay"
+
+
+class Outcome(NamedTuple):
+    request: Hashable
+    prompt_tokens: int
+    reused: int  # tokens taken from the source (its frontier)
+    source: str  # takeover kind
+    prefill: int
+    captures: int
+    skipped: int
+
+
+class CapacityError(Exception):
+    """RES-6: even alone, the request cannot get a legal unit."""
+
+
+def small_config(main_pages: int, state_slots: int, host_bytes: int, page_bytes: int = 1024,
+                 slot_bytes: int = 4096) -> LedgerConfig:
+    return LedgerConfig((PoolSpec(MAIN_KV, KV_PAGES, main_pages, page_bytes, 64),
+                         PoolSpec(STATE_POOL, STATE_SLOTS, state_slots, slot_bytes)), host_bytes)
+
+
+class CacheSim:
+    def __init__(self, config: LedgerConfig, *, chunk: int = 256, cost: CostModel = CostModel(), check: bool = False):
+        self.state = initial_state(config)
+        self.cache = empty_cache()
+        self.chunk = chunk
+        self.cost = cost
+        self.check = check
+
+    # -- plumbing ----------------------------------------------------------------------------
+    def apply(self, res) -> None:
+        if isinstance(res, CacheResult):
+            self.state = commit(self.state, res.plan)
+            self.cache = res.cache
+        elif isinstance(res, Plan):
+            self.state = commit(self.state, res)
+        else:
+            raise TypeError(res)
+        if self.check:
+            check_cache(self.state, self.cache)
+
+    def reclaim(self, pools: dict, protect=()) -> bool:
+        """Necessary execution meets a shortfall (RCL-8), State first (RD-8)."""
+        done = False
+        for pool in gap_order(pools):
+            amount = pools[pool]
+            if amount <= 0:
+                continue
+            q = quote(self.state, self.cache, Gap(pool, amount), Applicant(ApplicantKind.NECESSARY), protect)
+            if not q.admitted:
+                q = quote(self.state, self.cache, Gap(pool, amount),
+                          Applicant(ApplicantKind.NECESSARY, revoke_waiters=True), protect)
+            if not q.admitted:
+                continue
+            self.apply(plan_reclaim(self.state, self.cache, q))
+            self.drive_transaction()
+            done = True
+        return done
+
+    def drive_transaction(self) -> None:
+        t = self.state.transaction
+        if t is None:
+            return
+        for step in (plan_submit, plan_complete, plan_publish):
+            self.apply(step(self.state, t.generation))
+
+    def _retry(self, make, protect=()):
+        for _ in range(4):
+            got = make()
+            if not isinstance(got, Refusal):
+                return got
+            if got.reason != "shortfall" or not self.reclaim(dict(got.shortfall.pools), protect):
+                return got
+        return got
+
+    # -- one request --------------------------------------------------------------------------
+    def bind(self, request, ident: InputIdentity, session=None):
+        cands = query_sources(self.state, self.cache, SourceQuery(request, ident, session), self.cost)
+        for cand in cands:
+            if cand.missing:
+                t = self._retry(lambda: plan_bind_transfer(self.state, self.cache, request, cand),
+                                protect=cand.missing)
+                if isinstance(t, Refusal):
+                    continue
+                self.apply(t)
+                self.drive_transaction()
+                cand = next((c for c in query_sources(self.state, self.cache, SourceQuery(request, ident, session),
+                                                      self.cost) if c.cid == cand.cid), None)
+                if cand is None or cand.missing:
+                    continue
+            src = self.cache.checkpoints.get(cand.cid)
+            protect = src.object_ids() if src is not None else ()
+            got = self._retry(lambda: plan_bind(self.state, self.cache, BindRequest(request, cand, session)), protect)
+            if isinstance(got, Refusal):
+                continue
+            self.apply(got)
+            view = [o for o in got.outcome if o[0] == "view"][0]
+            return cand, SequenceView(request, ident.prefix(cand.frontier), view[1], view[2])
+        raise CapacityError(f"{request!r}: no source can be bound, not even root (RES-6)")
+
+    def grow(self, view: SequenceView, ident: InputIdentity, upto: int) -> SequenceView:
+        """Compute [view.frontier, upto): allocate the pages that needs (necessary execution)."""
+        kv = dict(view.kv)
+        pages = list(kv.get(MAIN_KV, ()))
+        pt = self.state.pool(MAIN_KV).spec.page_tokens
+        need = -(-upto // pt) - len(pages)
+        if need > 0:
+            me = seq_holder(view.request)
+            protect = tuple(pages) + (view.state,)
+            got = self._retry(lambda: plan_allocate(self.state, MAIN_KV, need, me), protect)
+            if isinstance(got, Refusal):
+                raise CapacityError(f"{view.request!r}: {got.detail} (RES-6)")
+            self.apply(got)
+            pages.extend(a[0] for a in got.proof.allocated)
+        kv[MAIN_KV] = tuple(pages)
+        return view._replace(identity=ident.prefix(upto), kv=tuple(kv.items()))
+
+    def run(self, request, tokens: Sequence[int], saves: Sequence[SavePoint] = (), output: Sequence[int] = (),
+            session=None, cancel: bool = False) -> Outcome:
+        ident = identity_of(tokens)
+        cand, view = self.bind(request, ident, session)
+        n = len(tokens)
+        stops = sorted({s.frontier for s in saves if cand.frontier < s.frontier <= n} | {n})
+        captures = skipped = 0
+        pos = cand.frontier
+        cands = [s.frontier for s in saves]
+        while pos < n:
+            nxt = min(pos + self.chunk, next(f for f in stops if f > pos))  # REC-8: split at frontiers
+            view = self.grow(view, ident, nxt)
+            self.cache = observe_prefill(self.cache, request, ident, pos, nxt, cands)  # HEAT-2
+            pos = nxt
+            for s in saves:
+                if s.frontier != pos:
+                    continue
+                private = s.kind if s.kind in (PointKind.INPUT, PointKind.ANCHOR) else None
+                got = plan_capture(self.state, self.cache, CaptureRequest(view, private, s.input_kind,
+                                                                           shared=s.kind == PointKind.SHARED))
+                if isinstance(got, Refusal):
+                    skipped += 1
+                else:
+                    self.apply(got)
+                    captures += sum(1 for o in got.outcome if o[0] in ("private", "shared"))
+                    skipped += sum(1 for o in got.outcome if o[0].endswith("_skipped"))
+        if output:
+            full = identity_of(tuple(tokens) + tuple(output))
+            # E sits at execution_frontier: the last sampled token is committed but not yet input (CKP-2).
+            view = self.grow(view, full, n + len(output) - 1)
+        self.apply(plan_publish_end(self.state, self.cache, view, cancel=cancel))
+        return Outcome(request, n, cand.frontier, cand.takeover, n - cand.frontier, captures, skipped)
+
+    def clear(self) -> None:
+        self.apply(plan_clear(self.state, self.cache))
