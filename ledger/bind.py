@@ -94,6 +94,11 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         if missing:
             return Refusal("needs_transfer", None, f"objects {missing} have no complete Device replica (TXN-2)")
 
+    if paused_use is None and cand.takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
+        r0 = cache.records.get(cand.rid)
+        if r0 is None or r0.active is not None:
+            return Refusal("source_gone", None, f"record {cand.rid} is gone or active; query again (BIND-2)")
+        e.put_record(r0._replace(active=req.request))  # the relation moves forward (BIND-1)
     # 1. BIND-4: retire the deeper private points approved for replacement first.
     for pid in cand.retired:
         if pid in e.cache.checkpoints:

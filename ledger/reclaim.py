@@ -319,7 +319,11 @@ def _quote(state, cache, gap, applicant, protect, facts) -> Quote:
     ok.sort(key=lambda a: _rank_key(a, gap.amount))
     chosen, freed_ids, loss = [], set(), 0
     budgeted = applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and not applicant.demand_time
-    covered: set = set()  # RCL-7: Device pages already leaving through chosen migrations
+    touched: set = set()  # objects a chosen replica drop, demotion or Host victim already moves
+    demote_allocs: list = []  # RCL-7: the batch's Host destinations, placed together
+    host_offsets: list = []
+    batch_closed = False
+    unit = state.pool(gap.pool).spec.unit_bytes
     for a in ok:
         if len(freed_ids) >= gap.amount:
             break
@@ -328,6 +332,22 @@ def _quote(state, cache, gap, applicant, protect, facts) -> Quote:
             continue  # RCL-7: adds nothing (judged by physical identity)
         if budgeted and loss + a.loss >= applicant.budget and a.loss > 0:
             continue  # RCL-11: cumulative loss must stay below the fixed added coverage
+        moves = set(a.objects) | {o for v in a.host_victims for o in v.objects}
+        if a.kind != "delete" and moves & (touched | freed_ids):
+            continue
+        if a.kind == "delete" and set(a.objects) & touched:
+            continue
+        if a.kind == "demote":
+            if batch_closed:
+                continue  # RCL-7: a migration needing Host victims ended the batch
+            allocs = demote_allocs + [host.HostAllocation(unit) for _ in a.objects]
+            offs = host_offsets + [o for v in a.host_victims for o in v.offsets]
+            if not host.fits(state.arena, allocs, offs):
+                continue  # HOST-1: the batch's destinations must place together
+            demote_allocs, host_offsets = allocs, offs
+            batch_closed = bool(a.host_victims)
+        if a.kind != "delete":
+            touched |= moves
         chosen.append(a)
         freed_ids |= new
         loss += a.loss
