@@ -57,7 +57,6 @@ class FakeHandle:
         if self._engine is not None:
             self._engine._request_cancel(self)
 
-    @property
     def done(self) -> bool:
         return self._done.is_set()
 
@@ -140,7 +139,7 @@ class FakeEngine:
         with self._lock:
             if self._slots_used != len(self._running) or self._slots_used > self.max_concurrency:
                 raise AssertionError(f"slots used {self._slots_used}, running {len(self._running)}")
-            leaked = [h.request_id for h in self._running if h.done]
+            leaked = [h.request_id for h in self._running if h.done()]
             if leaked:
                 raise AssertionError(f"finished requests still hold slots: {leaked}")
 
