@@ -1,0 +1,172 @@
+"""Source selection and bind (SRC-1..5, BIND-1..7)."""
+from __future__ import annotations
+
+from cache_helpers import L, capture, compute, end, make, points, served, start, toks
+
+INPUT, END, SHARED = L.PointKind.INPUT, L.PointKind.END, L.PointKind.SHARED
+
+
+def _finished(sim, req, t, out=(7, 8), session=None, shared_at=None, input_point=True):
+    _, v = start(sim, req, t, session)
+    if shared_at:
+        v = compute(sim, v, t, shared_at)
+        capture(sim, v, None, shared=True)
+    v = compute(sim, v, t)
+    if input_point:
+        capture(sim, v, INPUT)
+    full = list(t) + list(out)
+    v = compute(sim, v, full, len(full) - 1)
+    end(sim, v)
+    return full
+
+
+def test_src1_query_lists_private_and_shared_points_on_the_hit_path_and_root():
+    sim = make()
+    full = _finished(sim, "a", toks(150), shared_at=64)
+    _finished(sim, "b", toks(100, 7000))  # another history: not on the hit path
+    got = served(sim, full + [1])
+    kinds = sorted((c.frontier, c.takeover) for c in got)
+    assert kinds == [(0, "root"), (64, "fork"), (150, "takeover_fork"), (len(full) - 1, "move")]
+
+
+def test_src2_rank_by_cost_then_tie_order_and_duplicates_merge():
+    sim = make()
+    t = toks(150)
+    _, v = start(sim, "a", t)  # stays active: its points can only be forked
+    v = compute(sim, v, t, 128)
+    capture(sim, v, INPUT, shared=True)  # private + shared, one state, same position
+    got = served(sim, toks(128) + [1, 2])
+    assert [c.frontier for c in got] == [128, 0]  # SRC-2: the duplicate fork of one handle merged
+    assert got[0].private  # the private use wins the tie
+    assert got == tuple(sorted(got, key=L.SourceCandidate.rank))
+
+
+def test_src3_cost_calibration_changes_order_never_recoverability():
+    sim = make(main=64, slots=8)
+    full = _finished(sim, "a", toks(300), out=(1, 2, 3, 4, 5))
+    (e,) = points(sim, END)
+    for oid in e.object_ids()[:1]:  # E's StateImage lies on Host only
+        sim.state = L.commit(sim.state, L.plan_begin_transfer(sim.state, L.TransferRequest(
+            L.TxnKind.DEMOTION, "t", [oid], L.HOST_MEDIUM, drop_source=True)))
+        sim.drive_transaction()
+    q = L.identity_of(full + [2])
+    cheap = L.query_sources(sim.state, sim.cache, L.SourceQuery("x", q), L.CostModel(1.0, 1e-6, 0))
+    dear = L.query_sources(sim.state, sim.cache, L.SourceQuery("x", q), L.CostModel(1.0, 1.0, 0))
+    assert cheap[0].frontier == len(full) - 1 and cheap[0].missing
+    assert dear[0].frontier == 300  # the Device-resident input point now ranks first
+    assert {c.cid for c in cheap} == {c.cid for c in dear}
+
+
+def test_src4_query_is_read_only_and_a_failed_bind_retires_nothing():
+    sim = make(main=12, slots=8)
+    full = _finished(sim, "a", toks(300), out=(1, 2, 3))
+    before = (sim.state, sim.cache)
+    cands = served(sim, toks(300) + [9, 9])
+    assert (sim.state, sim.cache) == before
+    best = cands[0]
+    assert best.retired  # the E would retire
+    big = L.UnitDemand("b", L.UnitKind.PREFILL, {L.MAIN_KV: 12})
+    res = L.plan_bind(sim.state, sim.cache, L.BindRequest("b", best, first_unit=big))
+    assert isinstance(res, L.Refusal) and res.reason == "shortfall"
+    assert (sim.state, sim.cache) == before and all(r in sim.cache.checkpoints for r in best.retired)
+
+
+def test_src5_own_snapshot_is_redeemed_first_and_a_blocked_source_is_flagged():
+    sim = make()
+    _finished(sim, "a", toks(200), out=(1,))
+    t = toks(200) + [5] * 40
+    _, v = start(sim, "b", t)
+    v = compute(sim, v, t)
+    sim.apply(L.plan_pause(sim.state, sim.cache, v, snapshot=True))
+    snap = sim.cache.active["b"].snapshot
+    got = L.query_sources(sim.state, sim.cache, L.SourceQuery("b", L.identity_of(t), snapshot=snap))
+    assert len(got) == 1 and got[0].takeover == L.Takeover.SNAPSHOT
+    res = L.plan_bind(sim.state, sim.cache, L.BindRequest("b", got[0], resume=True))
+    sim.apply(res)
+    assert snap not in sim.cache.checkpoints
+    (inp,) = [c for c in points(sim, INPUT)]
+    oids = inp.object_ids()[1:2]
+    sim.apply(L.plan_begin_transfer(sim.state, L.TransferRequest(L.TxnKind.DEMOTION, "t", oids, L.HOST_MEDIUM)))
+    assert any(c.blocked for c in served(sim, toks(200) + [3]))
+
+
+def test_bind1_inactive_record_is_taken_over_active_one_is_branched():
+    sim = make()
+    full = _finished(sim, "a", toks(100))
+    (rec,) = sim.cache.records.values()
+    _, v = start(sim, "b", full + [1, 2])
+    assert sim.cache.records[rec.rid].active == "b"  # takeover: the relation moves forward
+    c = served(sim, full + [1, 2, 3], req="c")
+    assert all(x.takeover in ("fork", "root") for x in c)  # b is running: branch
+    _, v2 = start(sim, "c", full + [1, 2, 3])
+    assert sim.cache.active["c"].rid != rec.rid
+
+
+def test_bind2_crossing_a_named_entry_branches_and_shared_aliases_fork():
+    sim = make()
+    full = _finished(sim, "a", toks(100), session="s1", shared_at=64)
+    got = {c.frontier: c.takeover for c in served(sim, full + [1], session="s2")}
+    assert got[len(full) - 1] == "fork" and got[64] == "fork"
+    got = {c.frontier: c.takeover for c in served(sim, full + [1], session="s1")}
+    assert got[len(full) - 1] == "move"
+
+
+def test_bind4_recompute_from_an_earlier_point_retires_deeper_ones_and_branches_copy_the_tail():
+    sim = make()
+    full = _finished(sim, "a", toks(150), out=tuple(range(60)))
+    (e,) = points(sim, END)
+    used = len(sim.state.objects)
+    _, v = start(sim, "b", toks(150) + [999])  # the input point at 150 (partial page), E retires
+    assert e.cid not in sim.cache.checkpoints
+    assert len(sim.state.objects) < used  # trimmed to the remaining protected range
+    sim2 = make()
+    _finished(sim2, "a", toks(150), shared_at=100)
+    cand = [c for c in served(sim2, toks(100) + [5]) if c.frontier == 100][0]
+    res = L.plan_bind(sim2.state, sim2.cache, L.BindRequest("c", cand))
+    assert any(o[0] == "tail_copy" for o in res.outcome)  # 100 % 64 != 0: a private tail copy
+    assert any(isinstance(x, L.CopyUnit) for x in res.plan.effects)
+
+
+def test_bind5_exclusive_end_is_moved_kept_source_is_forked_host_replica_fills_the_slot():
+    sim = make()
+    full = _finished(sim, "a", toks(100))
+    (e,) = points(sim, END)
+    _, v = start(sim, "b", full + [1])
+    assert v.state == e.state  # Move: the very StateImage object, no copy
+    sim2 = make()
+    full = _finished(sim2, "a", toks(128), out=(), input_point=True)
+    (inp,) = points(sim2, INPUT)
+    sim2.state = L.commit(sim2.state, L.plan_begin_transfer(sim2.state, L.TransferRequest(
+        L.TxnKind.DEMOTION, "t", [inp.state], L.HOST_MEDIUM)))
+    sim2.drive_transaction()  # a Host replica too
+    cand = [c for c in served(sim2, toks(128) + [3], req="c") if c.cid == inp.cid][0]
+    res = L.plan_bind(sim2.state, sim2.cache, L.BindRequest("c", cand))
+    assert cand.takeover != "move" and any(isinstance(x, (L.CopyUnit, L.CopyToDevice)) for x in res.plan.effects)
+
+
+def test_bind6_normal_finish_freezes_the_live_state_as_end_cancel_does_not():
+    sim = make()
+    t = toks(100)
+    _, v = start(sim, "a", t)
+    v = compute(sim, v, t)
+    res = end(sim, v)
+    (e,) = points(sim, END)
+    assert e.state == v.state and not res.plan.effects  # a handover, no copy
+    _, v = start(sim, "b", toks(80, 3000))
+    v = compute(sim, v, toks(80, 3000))
+    end(sim, v, cancel=True)
+    assert len(points(sim, END)) == 1 and "b" not in sim.cache.active
+
+
+def test_bind7_an_older_finish_never_overwrites_a_newer_publication():
+    sim = make()
+    t = toks(100)
+    _, va = start(sim, "a", t, session="s")
+    _, vb = start(sim, "b", toks(90, 5000), session="s")  # admitted later: newer publication order
+    vb = compute(sim, vb, toks(90, 5000))
+    end(sim, vb)
+    va = compute(sim, va, t)
+    res = end(sim, va)  # the older request finishes late
+    assert any(o[0] == "session_kept_by_newer" for o in res.outcome)
+    assert sim.cache.records[sim.cache.sessions["s"]].publication_order == 2
+    assert served(sim, t + [1])[0].frontier == 100  # the unnamed history is reusable by content
