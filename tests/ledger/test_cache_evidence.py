@@ -1,0 +1,169 @@
+"""Waiting references (WAIT-1..4) and demand evidence / tiers (HEAT-1..4)."""
+from __future__ import annotations
+
+import ledger.evidence as ev
+from cache_helpers import L, capture, compute, end, make, points, served, start, toks
+
+INPUT, END = L.PointKind.INPUT, L.PointKind.END
+
+
+def _finished(sim, req, t, out=(7, 8), session=None):
+    _, v = start(sim, req, t, session)
+    v = compute(sim, v, t)
+    capture(sim, v, INPUT)
+    full = list(t) + list(out)
+    v = compute(sim, v, full, len(full) - 1)
+    end(sim, v)
+    return full
+
+
+def _wait(sim, req, tokens, ticket, frontier=None, paused=False):
+    cands = served(sim, tokens, req=req)
+    cand = [c for c in cands if frontier is None and c.cid is not None or c.frontier == frontier][0]
+    sim.apply(L.plan_wait(sim.state, sim.cache, req, cand, ticket=ticket, paused=paused))
+    return cand
+
+
+def test_wait1_waiting_allocates_nothing_adds_no_heat_and_outlives_the_directory():
+    sim = make()
+    full = _finished(sim, "a", toks(150))
+    pools = {p: len(x.free) for p, x in sim.state.pools.items()}
+    summary, clock = sim.cache.summary, sim.cache.clock
+    cand = _wait(sim, "w", toks(150) + [1], ticket=5, frontier=150)
+    assert {p: len(x.free) for p, x in sim.state.pools.items()} == pools
+    assert sim.cache.summary == summary and sim.cache.clock == clock
+    inp = sim.cache.checkpoints[cand.cid]
+    _, v = start(sim, "b", toks(150) + [9, 9])  # takes over and retires the points
+    v = compute(sim, v, toks(150) + [9, 9])
+    capture(sim, v, INPUT)
+    assert inp.cid not in sim.cache.checkpoints
+    assert all(L.wait_holder("w") in sim.state.objects[o].holders for o in inp.object_ids())
+    assert inp.cid not in {c for cids in sim.cache.index.values() for c in cids}  # no new public entry
+
+
+def test_wait2_optional_writes_never_delete_waiter_points_necessary_work_revokes_younger_first():
+    sim = make(slots=8)
+    _finished(sim, "a", toks(150))
+    _finished(sim, "b", toks(150, 4000))
+    _wait(sim, "old", toks(150) + [1], ticket=1, frontier=150)
+    _wait(sim, "young", toks(150, 4000) + [1], ticket=9, frontier=150)
+    gap = L.Gap(L.STATE_POOL, 8)
+    q = L.quote(sim.state, sim.cache, gap, L.Applicant(L.ApplicantKind.CAPTURE, budget=10 ** 6, tier=L.Tier.REUSE))
+    assert not any(a.waiters for a in q.actions)
+    q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 1),
+                L.Applicant(L.ApplicantKind.NECESSARY, revoke_waiters=True, fresh=True, ticket=5))
+    assert {w for a in q.actions for w in a.waiters} <= {"young"}  # fresh admission: younger only
+    q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 1),
+                L.Applicant(L.ApplicantKind.NECESSARY, revoke_waiters=True, ticket=0))
+    revocable = [w.request for w in L.revocable_waiters(sim.cache, ticket=0, fresh=False)]
+    assert revocable == ["young", "old"]
+
+
+def test_wait2_waiting_protection_permits_migration():
+    sim = make(main=8, slots=8)
+    _finished(sim, "a", toks(300), out=(1,))
+    _wait(sim, "w", toks(300) + [5], ticket=3, frontier=300)
+    q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 2), L.Applicant(L.ApplicantKind.NECESSARY))
+    assert q.admitted and all(a.kind == "demote" for a in q.chosen)
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+    sim.drive_transaction()
+    assert "w" in sim.cache.waiters
+
+
+def test_wait3_own_waiting_reference_is_handed_over_at_bind_other_waiters_stay():
+    sim = make()
+    _finished(sim, "a", toks(150))
+    cand = _wait(sim, "b", toks(150) + [1], ticket=2, frontier=150)
+    _wait(sim, "c", toks(150) + [2], ticket=3, frontier=150)
+    res = L.plan_bind(sim.state, sim.cache, L.BindRequest("b", cand))
+    assert not set(res.plan.proof.freed) & set(sim.cache.checkpoints[cand.cid].object_ids())
+    sim.apply(res)
+    assert "b" not in sim.cache.waiters and "c" in sim.cache.waiters
+
+
+def test_wait4_released_on_reselection_and_cancel():
+    sim = make()
+    _finished(sim, "a", toks(150))
+    cand = _wait(sim, "w", toks(150) + [1], ticket=2, frontier=150)
+    sim.apply(L.plan_release_wait(sim.state, sim.cache, "w"))
+    assert "w" not in sim.cache.waiters
+    assert not any(L.wait_holder("w") in o.holders for o in sim.state.objects.values())
+
+
+def test_heat1_consume_resets_the_pair_fork_child_takes_it_completion_adds_nothing():
+    sim = make()
+    full = _finished(sim, "a", toks(150))
+    (rec,) = sim.cache.records.values()
+    assert rec.tier == L.Tier.NORMAL and rec.demand_time == 0  # completion and plain saves: no evidence
+    _, v = start(sim, "b", full + [1])  # consume (takeover) by another request
+    r = sim.cache.records[rec.rid]
+    assert r.tier == L.Tier.REUSE and r.proven_frontier == len(full) - 1 and r.demand_time > 0
+    _, v2 = start(sim, "c", toks(150) + [3])  # fork of the shallower input point while b runs
+    child = sim.cache.records[sim.cache.active["c"].rid]
+    assert child.proven_frontier == 150 and child.demand_time > r.demand_time
+    assert sim.cache.records[rec.rid].proven_frontier == len(full) - 1  # the parent keeps its pair
+
+
+def test_heat2_compute_demand_once_per_request_and_position_two_requests_make_repeated_demand():
+    sim = make()
+    t = toks(150)
+    sim.run("a", t, [L.simulate.SavePoint(100, L.PointKind.SHARED)], output=())
+    key = ev.position_key(L.identity_of(t).prefix(100))
+    assert sim.cache.summary[key].demand_time == 0
+    c = sim.cache
+    c2 = ev.observe_prefill(c, "a", L.identity_of(t), 0, 150, [100])
+    assert c2.summary[key].demand_time == 0 and c2.summary[key].requests == {"a"}  # the same request: no demand
+    c3 = ev.observe_prefill(c, "b", L.identity_of(t), 0, 150, [100])
+    assert c3.summary[key].demand_time > 0
+
+
+def test_heat2_demand_summary_keeps_at_most_256_items_least_recent_dropped():
+    c = L.empty_cache()
+    ident = L.identity_of(toks(400))
+    for i in range(300):
+        c = ev.observe_prefill(c, i, ident, 0, 400, [i + 1])
+    assert len(c.summary) == 256
+    assert min(item.frontier for item in c.summary.values()) == 45
+
+
+def test_heat3_queries_waits_and_own_snapshot_recovery_produce_no_observation():
+    sim = make()
+    _finished(sim, "a", toks(150))
+    summary = sim.cache.summary
+    served(sim, toks(150) + [1])
+    _wait(sim, "w", toks(150) + [1], ticket=1, frontier=150)
+    sim.apply(L.plan_release_wait(sim.state, sim.cache, "w"))
+    _, v = start(sim, "b", toks(100, 8000))
+    v = compute(sim, v, toks(100, 8000))
+    sim.apply(L.plan_pause(sim.state, sim.cache, v, snapshot=True))
+    snap = sim.cache.active["b"].snapshot
+    (cand,) = L.query_sources(sim.state, sim.cache, L.SourceQuery("b", L.identity_of(toks(100, 8000)), snapshot=snap))
+    sim.apply(L.plan_bind(sim.state, sim.cache, L.BindRequest("b", cand, resume=True)))
+    assert sim.cache.summary == summary
+
+
+def test_heat3_repeated_demand_promotes_the_owner_through_its_input_point():
+    sim = make()
+    t = toks(150)
+    sim.cache = ev.observe_prefill(sim.cache, "x", L.identity_of(t), 0, 150, [150])
+    sim.cache = ev.observe_prefill(sim.cache, "y", L.identity_of(t), 0, 150, [150])
+    _, v = start(sim, "a", t)
+    v = compute(sim, v, t)
+    capture(sim, v, INPUT)
+    r = sim.cache.records[sim.cache.active["a"].rid]
+    assert r.tier == L.Tier.REUSE and r.proven_frontier == 150
+
+
+def test_heat4_reuse_segment_keeps_three_quarters_of_a_pool_older_owners_demoted():
+    sim = make(main=64, slots=8)
+    for i in range(4):  # four reuse-tier owners of 2 state slots' worth each... 1 slot each
+        t = toks(100, 1000 * (i + 1))
+        full = _finished(sim, f"a{i}", t, out=(1,))
+        _, v = start(sim, f"b{i}", full + [2])  # real adoption: reuse tier
+        v = compute(sim, v, full + [2])
+        end(sim, v)
+    tiers = sorted((r.demand_time, r.tier) for r in sim.cache.records.values())
+    # 8 slots -> soft target 6; each owner bills E + input (2 slots): the 4th-newest is demoted.
+    assert [t for _, t in tiers] == [L.Tier.NORMAL, L.Tier.REUSE, L.Tier.REUSE, L.Tier.REUSE]
+    c = ev.rebalance_tiers(sim.state, sim.cache._replace(records=sim.cache.records))
+    assert c.records == sim.cache.records
