@@ -9,6 +9,7 @@
 
 Streaming calls return the gRPC call: iterate it for messages, `.cancel()` it to cancel the
 request on the server. Failures raise `grpc.RpcError` with the server's status code.
+Imports only grpc and the generated stubs (no JAX), so a client starts fast.
 """
 from __future__ import annotations
 
@@ -19,9 +20,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from server.convert import usage_dict
 from server.proto import ninfer_pb2 as pb
 from server.proto import ninfer_pb2_grpc as pb_grpc
+
+def usage_dict(u: pb.Usage) -> dict:
+    return {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
+            "completion_tokens": u.completion_tokens}
+
 
 FINISH_NAMES = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length",
                 pb.FINISH_REASON_CANCELLED: "cancelled", pb.FINISH_REASON_UNSPECIFIED: ""}

@@ -158,7 +158,3 @@ def assistant_to_proto(text: str) -> pb.AssistantMessage:
         msg.tool_calls.add(id=call.get("id", ""), name=fn["name"], arguments_json=json.dumps(fn["arguments"]))
     return msg
 
-
-def usage_dict(u: pb.Usage) -> dict:
-    return {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
-            "completion_tokens": u.completion_tokens}

@@ -7,6 +7,7 @@ object with --json, as aligned lines otherwise).
 import importlib
 
 BENCHES = {
+    "serve": "ninfer_jax.bench.serve_bench",
     "model": "ninfer_jax.bench.model_bench",
     "ledger": "ninfer_jax.bench.ledger_bench",
 }
