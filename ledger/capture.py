@@ -293,7 +293,11 @@ def plan_publish_end(state: LedgerState, cache: CacheState, view: SequenceView, 
             e.drop_point(rec.end)  # REC-1: one E per record
         cid = e.new_id()
         kv = _coverage(state, view, view.frontier)
-        e.put_point(Checkpoint(cid, ("rec", use.rid), PointKind.END, view.identity, view.state, kv, cache.clock))
+        same = [c for c in (e.cache.checkpoints[p] for p in e.cache.records[use.rid].points())
+                if c.identity == view.identity]
+        # REC-9: no extra image per generation; same-position uses share one physical state.
+        st = same[0].state if same else view.state
+        e.put_point(Checkpoint(cid, ("rec", use.rid), PointKind.END, view.identity, st, kv, cache.clock))
         rec = e.cache.records[use.rid]._replace(end=cid)
         e.note("E", cid)
     else:

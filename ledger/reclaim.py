@@ -259,8 +259,9 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
             o = state.objects[oid]
             if oid in seen or oid in protect or o.pool != gap.pool or o.device is None or o.host is not None:
                 continue
-            if o.leases or o.pins or any(h[0] == "seq" for h in o.holders):
-                continue  # active and transfer readers limit movement (RCL-1); waiters allow it (WAIT-2)
+            if o.leases or o.pins or not all(h[0] == "wait" or (h[0] == "ckpt" and _optional_holder(h, cache, applicant, []))
+                                             for h in o.holders):
+                continue  # active writers and readers limit movement (RCL-1); waiters allow it (WAIT-2)
             group.append(oid)
             if len(group) >= want:
                 break
@@ -279,8 +280,9 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
             if not q.admitted:
                 continue
             victims, loss = q.chosen, q.loss
-        tier = Tier.REUSE if facts.hot(c, frozenset())[0] else Tier.NORMAL
-        out.append(Action("demote", (c.cid,), tuple(group), len(group), (), loss, tier, c.demand_time,
+        hot, demand = facts.hot(c, frozenset())
+        tier = Tier.REUSE if hot else Tier.NORMAL
+        out.append(Action("demote", (c.cid,), tuple(group), len(group), (), loss, tier, demand,
                           frozenset(h for oid in group for h in state.objects[oid].holders), (),
                           DEVICE, victims))
     return out
@@ -288,8 +290,8 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
 
 def _admissible(a: Action, ap: Applicant) -> bool:
     """RCL-10: the admission table (the cumulative budget is checked during selection)."""
-    if a.loss == 0 and not a.host_victims:
-        return True  # nothing recoverable is lost (RCL-5)
+    if a.kind == "drop_replica":
+        return True  # HOST-1 / RCL-6: a safe duplicate, nothing recoverable is lost
     if ap.kind == ApplicantKind.NECESSARY or ap.kind == ApplicantKind.SNAPSHOT:
         return True  # RCL-8 / pause Snapshot: optional cache in order
     if ap.demand_time:  # own repeated demand: normal content, or reuse content older than it
