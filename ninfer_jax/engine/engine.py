@@ -109,7 +109,7 @@ class Engine:
         """Queue one request; returns at once with its handle."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
-        if len(self.core.fresh) >= self.config.max_queue:
+        if len(self.core.fresh) + self.core.inbox.qsize() >= self.config.max_queue:
             raise QueueFullError(f"the queue holds {self.config.max_queue} requests; retry later")
         req = self.core.make_request(self._prompt_ids(prompt), sampling or SamplingParams(), request_id,
                                      lambda rid: self._post("cancel", rid))
