@@ -153,6 +153,15 @@ class CacheSim:
             session=None, cancel: bool = False) -> Outcome:
         ident = identity_of(tokens)
         cand, view = self.bind(request, ident, session)
+        box = [view]
+        try:
+            return self._run_bound(request, tokens, ident, cand, box, saves, output, cancel)
+        except CapacityError:  # RES-6: the request ends; what it holds is released
+            self.apply(plan_publish_end(self.state, self.cache, box[0], cancel=True))
+            raise
+
+    def _run_bound(self, request, tokens, ident, cand, box, saves, output, cancel) -> Outcome:
+        view = box[0]
         n = len(tokens)
         stops = sorted({s.frontier for s in saves if cand.frontier < s.frontier <= n} | {n})
         captures = skipped = 0
@@ -160,7 +169,7 @@ class CacheSim:
         cands = [s.frontier for s in saves]
         while pos < n:
             nxt = min(pos + self.chunk, next(f for f in stops if f > pos))  # REC-8: split at frontiers
-            view = self.grow(view, ident, nxt)
+            view = box[0] = self.grow(view, ident, nxt)
             self.cache = observe_prefill(self.cache, request, ident, pos, nxt, cands)  # HEAT-2
             pos = nxt
             for s in saves:
@@ -178,7 +187,7 @@ class CacheSim:
         if output:
             full = identity_of(tuple(tokens) + tuple(output))
             # E sits at execution_frontier: the last sampled token is committed but not yet input (CKP-2).
-            view = self.grow(view, full, n + len(output) - 1)
+            view = box[0] = self.grow(view, full, n + len(output) - 1)
         self.apply(plan_publish_end(self.state, self.cache, view, cancel=cancel))
         return Outcome(request, n, cand.frontier, cand.takeover, n - cand.frontier, captures, skipped)
 
