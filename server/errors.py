@@ -24,8 +24,14 @@ class BadRequest(ValueError):
     """A request the server itself refuses before the engine sees it (limits, malformed fields)."""
 
 
+class DuplicateRequestId(BadRequest):
+    """A request_id that names a request still running on this server."""
+
+
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and the message a client sees for `exc`."""
+    if isinstance(exc, DuplicateRequestId):
+        return grpc.StatusCode.ALREADY_EXISTS, str(exc)
     if isinstance(exc, BadRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     for cls, code in STATUS_OF:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from typing import Any, Callable, Iterator
 
 import grpc
 
 from server import convert
-from server.errors import status_for
+from server.errors import DuplicateRequestId, status_for
 from server.limits import ServerLimits
 from server.proto import ninfer_pb2 as pb
 from server.proto import ninfer_pb2_grpc as pb_grpc
@@ -30,6 +31,7 @@ class NInferServicer(pb_grpc.NInferServicer):
         self.engine: Any = None  # set once warm-up finishes
         self._closing = False
         self._active: set = set()
+        self._ids: set[str] = set()  # request ids of the streams now running here
         self._idle = threading.Condition()
         self._max_context = 0
 
@@ -78,6 +80,28 @@ class NInferServicer(pb_grpc.NInferServicer):
         except Exception as exc:  # every failure becomes a status; abort raises
             self._fail(context, exc)
 
+    def _submit(self, requested_id: str, submit: Callable[[str], Any]):
+        """Reserve a request id unique among this server's running requests, then submit.
+
+        The engine cancels by id, so two running requests must never share one: a caller's id is
+        refused while it is in use (ALREADY_EXISTS), and ids the server picks cannot collide."""
+        rid = self.limits.check_request_id(requested_id) or f"rpc-{uuid.uuid4().hex}"
+        with self._idle:
+            if rid in self._ids:
+                raise DuplicateRequestId(f"request_id {rid!r} names a request that is still running")
+            self._ids.add(rid)
+        try:
+            handle = submit(rid)
+        except BaseException:
+            with self._idle:
+                self._ids.discard(rid)
+            raise
+        if handle.request_id != rid:  # an engine that renamed it: track the name it streams under
+            with self._idle:
+                self._ids.discard(rid)
+                self._ids.add(handle.request_id)
+        return handle
+
     def _stream(self, handle, context: grpc.ServicerContext, response_cls, *, chat: bool) -> Iterator:
         """Relay the handle's deltas, then the final message; cancel the request if cut short."""
         finished = False
@@ -105,6 +129,7 @@ class NInferServicer(pb_grpc.NInferServicer):
                 handle.cancel()
             with self._idle:
                 self._active.discard(handle)
+                self._ids.discard(handle.request_id)
                 self._idle.notify_all()
         # context.abort raises, so it runs only after the clean-up above.
         if failure is not None:
@@ -119,8 +144,7 @@ class NInferServicer(pb_grpc.NInferServicer):
         def submit():
             prompt = convert.prompt_from_proto(request, self.limits)
             sampling = convert.sampling_from_proto(request.sampling, self.limits, self._max_context)
-            rid = self.limits.check_request_id(request.request_id)
-            return engine.submit(prompt, sampling, request_id=rid)
+            return self._submit(request.request_id, lambda rid: engine.submit(prompt, sampling, request_id=rid))
 
         handle = self._call(context, submit)
         yield from self._stream(handle, context, pb.GenerateResponse, chat=False)
@@ -131,8 +155,9 @@ class NInferServicer(pb_grpc.NInferServicer):
         def submit():
             kwargs = convert.chat_from_proto(request, self.limits)
             sampling = convert.sampling_from_proto(request.sampling, self.limits, self._max_context)
-            rid = self.limits.check_request_id(request.request_id)
-            return engine.submit_chat(kwargs.pop("messages"), sampling=sampling, request_id=rid, **kwargs)
+            messages = kwargs.pop("messages")
+            return self._submit(request.request_id, lambda rid: engine.submit_chat(
+                messages, sampling=sampling, request_id=rid, **kwargs))
 
         handle = self._call(context, submit)
         yield from self._stream(handle, context, pb.ChatResponse, chat=True)

@@ -153,3 +153,23 @@ def test_bad_requests_do_not_disturb_a_running_stream(fake_server, settled):
     assert rest[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
     assert errors == [INVALID] * 12
     settled(srv, engine)
+
+
+def test_request_id_in_use_is_already_exists(settled):
+    """The engine cancels by id: a second running request may never share one."""
+    engine = FakeEngine(step_s=0.005, min_len=200, max_len=200)
+    with running_server(engine) as (srv, client):
+        _duplicate_ids(srv, client, engine, settled)
+    engine.close()
+
+
+def _duplicate_ids(srv, client, engine, settled):
+    stream = client.generate_stream([1, 2, 3], sampling={"max_tokens": 200}, request_id="dup")
+    next(stream)
+    code, details = _code(lambda: client.generate([4, 5], request_id="dup"))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "still running" in details
+    stream.cancel()
+    settled(srv, engine)
+    assert client.generate([4, 5], sampling={"max_tokens": 2}, request_id="dup").request_id == "dup"
+    ids = {client.generate([6], sampling={"max_tokens": 1}).request_id for _ in range(3)}
+    assert len(ids) == 3 and all(i.startswith("rpc-") for i in ids)
