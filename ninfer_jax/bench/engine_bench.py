@@ -1,0 +1,92 @@
+"""`ninfer bench engine [--json]`: the whole engine on the built-in model, C = 1, 4, 8.
+
+For each C, 4·C requests (prompt lengths 16..200, 32 output tokens each, greedy, EOS ignored)
+are submitted at once to a running engine; one consumer thread per request timestamps every
+streamed delta. Reported per C: output tokens/s, TTFT p50/p99 (submit → first token),
+inter-token gap p50/p99, and the engine's overhead: the share of each cycle spent outside the
+compiled steps (scheduling, ledger plans and commits, sampling, streaming).
+
+Flags after `engine`: --requests_per_lane N (default 4), --max_tokens N (default 32).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+
+from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
+from ninfer_jax.model import builtin
+from ninfer_jax.model.model import load_model
+from ninfer_jax.program.program import Program
+
+LANES = (1, 4, 8)
+
+
+def _arg(argv: list[str], name: str, default: int) -> int:
+    for i, a in enumerate(argv):
+        if a.startswith(f"--{name}="):
+            return int(a.split("=", 1)[1])
+        if a == f"--{name}" and i + 1 < len(argv):
+            return int(argv[i + 1])
+    return default
+
+
+def _pct(values, q) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def _one(model, c: int, per_lane: int, max_tokens: int) -> dict:
+    cfg = EngineConfig(max_concurrency=c, max_context=512, chunk_size=64, progress=False,
+                       context_cache=ContextCacheConfig(host_capacity_bytes=64 << 20))
+    engine = Engine(cfg, program=Program(cfg, model=model))
+    rng = np.random.default_rng(c)
+    prompts = [rng.integers(0, 1000, int(rng.integers(16, 200))).tolist() for _ in range(per_lane * c)]
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    stamps: list[list[float]] = []
+    threads = []
+    core = engine.core
+    base_cycle, base_compute = core.cycle_seconds, core.compute_seconds
+    start = time.perf_counter()
+    for p in prompts:
+        handle = engine.submit(p, sp)
+        times: list[float] = []
+        stamps.append(times)
+
+        def consume(h=handle, t=times):
+            for _ in h.stream():
+                t.append(time.perf_counter())
+
+        th = threading.Thread(target=consume, daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - start
+    stats = engine.stats()
+    cycle = core.cycle_seconds - base_cycle
+    compute = core.compute_seconds - base_compute
+    engine.check_integrity()
+    engine.close()
+    ttft = [t[0] - start for t in stamps if t]
+    gaps = [b - a for t in stamps for a, b in zip(t, t[1:])]
+    tokens = sum(len(t) for t in stamps)
+    return {f"c{c}_output_tokens_per_s": tokens / wall, f"c{c}_ttft_p50_s": _pct(ttft, 50),
+            f"c{c}_ttft_p99_s": _pct(ttft, 99), f"c{c}_gap_p50_s": _pct(gaps, 50), f"c{c}_gap_p99_s": _pct(gaps, 99),
+            f"c{c}_overhead_share": (cycle - compute) / cycle if cycle else float("nan"),
+            f"c{c}_overhead_ms_per_cycle": 1e3 * (cycle - compute) / max(stats["cycles"], 1),
+            f"c{c}_requests": len(prompts), f"c{c}_cycles": stats["cycles"]}
+
+
+def run(argv: list[str]) -> dict:
+    per_lane = _arg(argv, "requests_per_lane", 4)
+    max_tokens = _arg(argv, "max_tokens", 32)
+    model = load_model(builtin.NAME)
+    figures = {"model": builtin.NAME, "max_tokens": max_tokens, "requests_per_lane": per_lane}
+    for c in LANES:
+        print(f"[bench engine] C={c}: warming up and running {per_lane * c} requests", file=sys.stderr, flush=True)
+        figures.update(_one(model, c, per_lane, max_tokens))
+        print(f"[bench engine] C={c}: {figures[f'c{c}_output_tokens_per_s']:.0f} tokens/s, "
+              f"overhead {100 * figures[f'c{c}_overhead_share']:.0f}% of each cycle", file=sys.stderr, flush=True)
+    return figures
