@@ -77,110 +77,107 @@ def cmd_bench(args: list[str]) -> int:
     return 0
 
 
-def _load_tokenizer(model: str):
-    """The model's tokenizer, or None when the folder ships none (then --token_ids is needed)."""
-    import os
-
-    from ninfer_jax.frontend.tokenizer import Tokenizer
-
-    if model.startswith("builtin:") or os.path.exists(os.path.join(model, "tokenizer.json")):
-        return Tokenizer.load(model)
-    return None
-
-
-def _prompt_ids(tokenizer) -> list[int]:
+def _prompt(engine):
+    """The prompt as token ids (--token_ids) or text (--prompt)."""
     if _TOKEN_IDS.value is not None:
         try:
             return [int(t) for t in _TOKEN_IDS.value.replace(" ", "").split(",") if t]
         except ValueError:
             raise app.UsageError(f"--token_ids must be comma-separated integers, got {_TOKEN_IDS.value!r}")
-    if tokenizer is None:
+    if engine.tokenizer is None:
         raise app.UsageError(f"{_MODEL.value} ships no tokenizer.json: pass --token_ids")
-    return tokenizer.encode(_PROMPT.value)
+    return _PROMPT.value
 
 
-def cmd_generate(args: list[str]) -> int:
-    """Generate from one prompt on an in-process model; text to stdout as it is produced."""
-    if _SERVER.value:
-        return _generate_remote()
-    import time
+def engine_config_from_flags():
+    """An EngineConfig from the engine flags; unset flags keep EngineConfig's defaults."""
+    from ninfer_jax import ContextCacheConfig, EngineConfig
 
-    from ninfer_jax.errors import NInferError
-    from ninfer_jax.model import single
-    from ninfer_jax.model.model import load_model
-    from ninfer_jax.model.steps import CompiledSteps
-
-    try:
-        print(f"[ninfer] loading {_MODEL.value} ({_DTYPE.value})", file=sys.stderr)
-        model = load_model(_MODEL.value, _DTYPE.value)
-        tokenizer = _load_tokenizer(_MODEL.value)
-        prompt = _prompt_ids(tokenizer)
-        steps = CompiledSteps(model)
-        out: list[int] = []
-        shown = ""
-
-        def emit(token: int) -> None:
-            nonlocal shown
-            out.append(token)
-            if tokenizer is None:
-                print(token, end=" ", flush=True)
-                return
-            text = tokenizer.decode(out, skip_special_tokens=True)
-            if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-                print(text[len(shown):], end="", flush=True)
-                shown = text
-
-        start = time.perf_counter()
-        single.generate(steps, prompt, _MAX_TOKENS.value, max_context=len(prompt) + _MAX_TOKENS.value,
-                        temperature=_TEMPERATURE.value, seed=_SEED.value,
-                        stop_ids=model.config.eos_token_id, on_token=emit)
-        print()
-        seconds = time.perf_counter() - start
-        print(f"[ninfer] {len(prompt)} prompt tokens, {len(out)} generated in {seconds:.2f}s "
-              f"(compilation included)", file=sys.stderr)
-        return 0
-    except NInferError as e:
-        print(f"ninfer generate: {e}", file=sys.stderr)
-        return 1
+    given = {"model": _MODEL.value, "dtype": _DTYPE.value, "max_concurrency": _MAX_CONCURRENCY.value,
+             "max_context": _MAX_CONTEXT.value, "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value}
+    cache = ContextCacheConfig(device_state_slots=_DEVICE_STATE_SLOTS.value,
+                               host_capacity_bytes=_HOST_CAPACITY_BYTES.value)
+    return EngineConfig(context_cache=cache, **{k: v for k, v in given.items() if v is not None})
 
 
-def _remote_sampling() -> dict:
-    return {"max_tokens": _MAX_TOKENS.value, "temperature": _TEMPERATURE.value, "seed": _SEED.value}
+def _sampling_dict() -> dict:
+    return {"temperature": _TEMPERATURE.value, "seed": _SEED.value, "max_tokens": _MAX_TOKENS.value}
 
 
-def _generate_remote() -> int:
-    from server import cli_commands
-
-    prompt = _prompt_ids(None) if _TOKEN_IDS.value is not None else _PROMPT.value
-    return cli_commands.generate_remote(_SERVER.value, prompt, _remote_sampling(), token=_TOKEN.value,
-                                        timeout=_TIMEOUT.value)
-
-
-def cmd_chat(args: list[str]) -> int:
-    """Chat through a running server (--server=HOST:PORT)."""
-    from server import cli_commands
-
-    if not _SERVER.value:
-        print("ninfer chat: in-process chat is not available yet in this build; use --server=HOST:PORT",
-              file=sys.stderr)
-        return 2
-    try:
-        messages = cli_commands.parse_messages(_MESSAGES.value, _PROMPT.value)
-    except (OSError, ValueError) as e:
-        raise app.UsageError(str(e))
-    return cli_commands.chat_remote(_SERVER.value, messages, _remote_sampling(), session=_SESSION.value,
-                                    token=_TOKEN.value, timeout=_TIMEOUT.value)
+def _engine_settings() -> dict:
+    return {"dtype": _DTYPE.value, "max_concurrency": _MAX_CONCURRENCY.value, "max_context": _MAX_CONTEXT.value,
+            "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value,
+            "device_state_slots": _DEVICE_STATE_SLOTS.value, "host_capacity_bytes": _HOST_CAPACITY_BYTES.value}
 
 
 def cmd_serve(args: list[str]) -> int:
-    """Serve ninfer.v1 over gRPC until SIGTERM/SIGINT."""
-    from server import cli_commands
+    """Run the gRPC service until SIGTERM/SIGINT (server/cli_commands.py)."""
+    from server.cli_commands import serve
 
-    return cli_commands.serve(
-        model=_MODEL.value, host=_HOST.value, port=_PORT.value, token=_TOKEN.value, grace_s=_GRACE_S.value,
-        max_message_bytes=_MAX_MESSAGE_BYTES.value, dtype=_DTYPE.value, max_concurrency=_MAX_CONCURRENCY.value,
-        max_context=_MAX_CONTEXT.value, chunk_size=_CHUNK_SIZE.value, kv_capacity=_KV_CAPACITY.value,
-        device_state_slots=_DEVICE_STATE_SLOTS.value, host_capacity_bytes=_HOST_CAPACITY_BYTES.value)
+    return serve(model=_MODEL.value, host=_HOST.value, port=_PORT.value, token=_TOKEN.value, grace_s=_GRACE_S.value,
+                 max_message_bytes=_MAX_MESSAGE_BYTES.value, **_engine_settings())
+
+
+def _stream_completion(engine, handle, what: str) -> int:
+    import time
+
+    start = time.perf_counter()
+    for delta in handle.stream():
+        if engine.tokenizer is None:
+            print(" ".join(map(str, delta.token_ids)), end=" ", flush=True)
+        else:
+            print(delta.text, end="", flush=True)
+    print()
+    r = handle.result()
+    print(f"[ninfer] {what}: {r.usage.prompt_tokens} prompt tokens ({r.usage.cached_tokens} cached), "
+          f"{r.usage.completion_tokens} generated in {time.perf_counter() - start:.2f}s ({r.finish_reason})"
+          + (f": {r.error}" if r.error else ""), file=sys.stderr)
+    return 0 if r.finish_reason != "error" else 1
+
+
+def cmd_chat(args: list[str]) -> int:
+    """One chat turn (--messages JSON or --prompt as the user message), in process or --server."""
+    from server.cli_commands import chat_remote, parse_messages
+
+    try:
+        messages = parse_messages(_MESSAGES.value, _PROMPT.value)
+    except (ValueError, OSError) as e:
+        print(f"ninfer chat: {e}", file=sys.stderr)
+        return 2
+    if _SERVER.value:
+        return chat_remote(_SERVER.value, messages, _sampling_dict(), session=_SESSION.value, token=_TOKEN.value,
+                           timeout=_TIMEOUT.value)
+    from ninfer_jax import Engine, SamplingParams
+    from ninfer_jax.errors import NInferError
+
+    try:
+        with Engine(engine_config_from_flags()) as engine:
+            handle = engine.submit_chat(messages, session=_SESSION.value, sampling=SamplingParams(**_sampling_dict()))
+            return _stream_completion(engine, handle, "chat")
+    except NInferError as e:
+        print(f"ninfer chat: {e}", file=sys.stderr)
+        return 1
+
+
+def cmd_generate(args: list[str]) -> int:
+    """Generate from one prompt on an in-process engine (or --server); text to stdout as it streams."""
+    if _SERVER.value:
+        from server.cli_commands import generate_remote
+
+        prompt = _PROMPT.value
+        if _TOKEN_IDS.value is not None:
+            prompt = [int(t) for t in _TOKEN_IDS.value.replace(" ", "").split(",") if t]
+        return generate_remote(_SERVER.value, prompt, _sampling_dict(), token=_TOKEN.value, timeout=_TIMEOUT.value)
+    from ninfer_jax import Engine, SamplingParams
+    from ninfer_jax.errors import NInferError
+
+    try:
+        with Engine(engine_config_from_flags()) as engine:
+            handle = engine.submit(_prompt(engine), SamplingParams(**_sampling_dict()))
+            return _stream_completion(engine, handle, "generate")
+    except NInferError as e:
+        print(f"ninfer generate: {e}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,7 @@ BENCHES = {
     "serve": "ninfer_jax.bench.serve_bench",
     "model": "ninfer_jax.bench.model_bench",
     "ledger": "ninfer_jax.bench.ledger_bench",
+    "engine": "ninfer_jax.bench.engine_bench",
 }
 
 
