@@ -84,6 +84,7 @@ class Edit:
         cache = self.cache
         index = cache.index if c.kind == PointKind.SNAPSHOT else px.add(cache.index, c.identity, c.cid)
         self.set(checkpoints=cache.checkpoints.set(c.cid, c), index=index)
+        self._link(c)
 
     def drop_point(self, cid: int, *, release: bool = True) -> tuple:
         """Retire a checkpoint: leave its owner, the index, and (with `release`) its objects.
@@ -96,6 +97,7 @@ class Edit:
             freed = p.proof.freed
         index = cache.index if c.kind == PointKind.SNAPSHOT else px.remove(cache.index, c.identity, cid)
         self.set(checkpoints=cache.checkpoints.delete(cid), index=index)
+        self._unlink(c)
         kind, key = c.owner
         if kind == "rec":
             r = self.cache.records.get(key)
@@ -125,6 +127,42 @@ class Edit:
     def empty(self) -> bool:
         return not self.chain.ops
 
+    # -- fallback facts (RCL-5) -----------------------------------------------------------
+    def _link(self, c: Checkpoint) -> None:
+        """c's fallback is its deepest indexed exact prefix strictly shallower than c. The points
+        that fell back on that prefix (or an alias of it: same identity) and extend c strictly
+        now fall back on c; no other point can be affected."""
+        cache = self.cache
+        fb = deepest_prefix_cid(cache, c.identity, c.cid, strict=True)
+        fallback, deps = cache.fallback.set(c.cid, fb), cache.dependents
+        if c.kind != PointKind.SNAPSHOT:
+            n = c.frontier
+            for a in (aliases(cache, cache.checkpoints[fb]) if fb else (0,)):
+                moved = [d for d in deps.get(a, ()) if cache.checkpoints[d].frontier > n
+                         and c.identity.is_prefix_of(cache.checkpoints[d].identity)]
+                if moved:
+                    deps = _deps_set(deps, a, deps[a] - set(moved))
+                    for d in moved:
+                        fallback = fallback.set(d, c.cid)
+                    deps = deps.set(c.cid, deps.get(c.cid, frozenset()) | set(moved))
+        deps = _deps_set(deps, fb, deps.get(fb, frozenset()) | {c.cid})
+        self.set(fallback=fallback, dependents=deps)
+
+    def _unlink(self, c: Checkpoint) -> None:
+        """Points that fell back on c fall back on a surviving alias of c, else on c's own."""
+        cache = self.cache
+        fb = cache.fallback.get(c.cid, 0)
+        fallback, deps = cache.fallback.delete(c.cid), cache.dependents
+        deps = _deps_set(deps, fb, deps.get(fb, frozenset()) - {c.cid})
+        mine = deps.get(c.cid, frozenset())
+        if mine:
+            alive = sorted(a for a in aliases(cache, c) if a != c.cid) if c.kind != PointKind.SNAPSHOT else []
+            to = alive[0] if alive else fb
+            for d in mine:
+                fallback = fallback.set(d, to)
+            deps = _deps_set(deps.delete(c.cid), to, deps.get(to, frozenset()) | mine)
+        self.set(fallback=fallback, dependents=deps)
+
     def note(self, *what) -> None:
         self.outcome.append(what)
 
@@ -135,3 +173,41 @@ class Edit:
 def holders_outside(state: LedgerState, oid: int, mine: Hashable) -> frozenset:
     o = state.objects.get(oid)
     return frozenset() if o is None else o.holders - {mine}
+
+
+def _deps_set(deps, key, value):
+    return deps.set(key, value) if value else (deps.delete(key) if key in deps else deps)
+
+
+def aliases(cache: CacheState, c: Checkpoint) -> list:
+    """Indexed checkpoints with exactly c's identity (c itself included when indexed)."""
+    got = cache.index.get(px.key_of(c.identity), ())
+    cps = cache.checkpoints
+    return [a for a in got if a in cps and cps[a].identity == c.identity]
+
+
+def deepest_prefix_cid(cache: CacheState, ident, exclude: int = 0, strict: bool = False) -> int:
+    """The deepest indexed checkpoint (not `exclude`) that is an exact prefix of `ident`
+    (with `strict`, strictly shorter): the index key narrows by digest, then tokens, media,
+    positions and execution are compared (CKP-4). Ties at one frontier: the lowest id. 0: root."""
+    index, cps = cache.index, cache.checkpoints
+    toks, n = ident.tokens, len(ident.tokens)
+    lim = n - 1 if strict else n
+    keys = [(0, b"")] + [(k, d) for k, d in enumerate(ident.blocks, 1)]
+    for key in reversed(keys):  # deepest block first: a verified hit there beats shallower ones
+        got = index.get(key)
+        if not got:
+            continue
+        best, best_cid = -1, 0
+        for cid in got:
+            if cid == exclude:
+                continue
+            d = cps[cid].identity
+            m = len(d.tokens)
+            if m <= lim and (m > best or (m == best and cid < best_cid)) and d.execution == ident.execution \
+                    and d.tokens == toks[:m] and d.position_scheme == ident.position_scheme \
+                    and d.media == tuple(x for x in ident.media if x[0] < m):
+                best, best_cid = m, cid
+        if best_cid:
+            return best_cid
+    return 0

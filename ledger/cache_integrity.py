@@ -74,6 +74,24 @@ def check_cache(state: LedgerState, cache: CacheState) -> None:
     for cid in listed:
         if cid not in cache.checkpoints:
             errs.append(f"index lists dead checkpoint {cid}")
+    from ledger.cache_edit import deepest_prefix_cid
+
+    deps: dict = {}
+    for cid, c in cache.checkpoints.items():  # RCL-5 facts: each fallback is the deepest prefix
+        fb = cache.fallback.get(cid)
+        if fb is None or (fb and fb not in cache.checkpoints):
+            errs.append(f"checkpoint {cid}: fallback {fb} missing or dead")
+            continue
+        want_fb = deepest_prefix_cid(cache, c.identity, cid, strict=True)
+        got_f = cache.checkpoints[fb].frontier if fb else 0
+        want_f = cache.checkpoints[want_fb].frontier if want_fb else 0
+        if got_f != want_f:
+            errs.append(f"checkpoint {cid}: fallback at {got_f}, deepest prefix at {want_f}")
+        deps.setdefault(fb, set()).add(cid)
+    if set(cache.fallback) != set(cache.checkpoints):
+        errs.append("fallback facts list other checkpoints")
+    if {k: set(v) for k, v in cache.dependents.items()} != deps:
+        errs.append("dependents disagree with fallbacks")
     for s, rid in cache.sessions.items():
         if rid not in cache.records:
             errs.append(f"session {s!r} names dead record {rid}")

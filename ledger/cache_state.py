@@ -175,6 +175,10 @@ class CacheState(NamedTuple):
     clock: int  # logical time of evidence events
     next_id: int
     next_publication: int
+    # RCL-2/RCL-5 facts kept current: each checkpoint's deepest other indexed exact prefix
+    # (0: root), and the reverse relation, so a quote reads a loss instead of searching.
+    fallback: immutables.Map = immutables.Map()  # cid -> cid of its fallback (0: root)
+    dependents: immutables.Map = immutables.Map()  # cid -> frozenset of cids falling back on it
 
     def owner_of(self, cid: int):
         c = self.checkpoints[cid]

@@ -125,18 +125,12 @@ def _state_destination(e: Edit, view: SequenceView, cid: int, budget: int, owner
     return got
 
 
-def _fallback(cache: CacheState, ident: InputIdentity, exclude=()) -> int:
+def _fallback(cache: CacheState, ident: InputIdentity) -> int:
     """The deepest existing point that is an exact prefix of `ident` (RCL-5, RCL-11)."""
-    from ledger import prefix_index as px
+    from ledger.cache_edit import deepest_prefix_cid
 
-    best = 0
-    for cid in px.candidates(cache.index, ident):
-        if cid in exclude:
-            continue
-        c = cache.checkpoints[cid]
-        if c.frontier <= len(ident.tokens) and c.frontier > best and c.identity.is_prefix_of(ident):
-            best = c.frontier
-    return best
+    cid = deepest_prefix_cid(cache, ident)
+    return cache.checkpoints[cid].frontier if cid else 0
 
 
 def plan_capture(state: LedgerState, cache: CacheState, req: CaptureRequest) -> CacheResult | Refusal:

@@ -17,13 +17,16 @@ from typing import Hashable, NamedTuple
 
 from ledger import arena as host
 from ledger import prefix_index as px
-from ledger.cache_edit import CacheResult, Edit
+from ledger.cache_edit import CacheResult, Edit, aliases
 from ledger.cache_state import CacheState, Checkpoint, PointKind, Tier, wait_holder
 from ledger.errors import InvalidRequest
 from ledger.objects import plan_drop_holders, plan_drop_replica
 from ledger.plan import Refusal
 from ledger.state import DEVICE, HOST, HOST_MEDIUM, KV_PAGES, LedgerState, TxnKind
 from ledger.transactions import TransferRequest, plan_begin_transfer
+
+
+MAX_VICTIM_DEMOTIONS = 8  # demotions needing Host victims quoted per Device quote (RCL-5, bounded)
 
 
 class ApplicantKind:
@@ -91,21 +94,24 @@ class _Facts:
     def fallback(self, c: Checkpoint, gone: frozenset) -> int:
         """RCL-5: the deepest surviving point that is an exact prefix of c (aliases deleted
         together are not each other's fallback)."""
-        key = (c.cid, gone) if len(gone) > 1 else c.cid
-        got = self._fb.get(key)
-        if got is None:
-            best = 0
-            for cid in px.candidates(self.cache.index, c.identity):
-                if cid == c.cid or cid in gone:
-                    continue
-                d = self.cache.checkpoints[cid]
-                if best < d.frontier <= c.frontier and d.identity.is_prefix_of(c.identity):
-                    best = d.frontier
-            got = self._fb[key] = best
-        return got
+        cache = self.cache
+        fb, cps = cache.fallback, cache.checkpoints
+        if c.kind != PointKind.SNAPSHOT and len(cache.index.get(px.key_of(c.identity), ())) > 1 \
+                and any(a != c.cid and a not in gone for a in aliases(cache, c)):
+            return c.frontier  # a surviving alias at the same position: nothing is lost
+        f = fb.get(c.cid, 0)
+        while f:  # the next deepest prefix: a surviving alias of f, else f's own fallback
+            if f not in gone or any(a not in gone for a in aliases(cache, cps[f])):
+                return cps[f].frontier
+            f = fb.get(f, 0)
+        return 0
 
     def loss(self, cids: frozenset) -> int:
         """RCL-5: lost coverage of a deleted group, nested points of one history counted once."""
+        if len(cids) == 1:
+            (cid,) = cids
+            c = self.cache.checkpoints[cid]
+            return c.frontier - self.fallback(c, cids)
         pts = sorted((self.cache.checkpoints[c] for c in cids), key=lambda c: -c.frontier)
         tops: list = []  # (top, intervals)
         for c in pts:
@@ -180,15 +186,42 @@ def _optional_holder(h, cache: CacheState, applicant: Applicant, revoked: list) 
     return False  # seq holders (active writers) and anything unknown are never victims
 
 
+def _holders_ok(o, cache: CacheState, applicant: Applicant):
+    """The checkpoint ids holding o and the waiters revoked, or None when a holder may not be
+    dropped for this applicant (RCL-8, WAIT-2, PAUSE-4). Plain checkpoint holders are the
+    common case and are checked inline."""
+    cps = cache.checkpoints
+    cids, revoked = [], None
+    for h in o.holders:
+        if h[0] == "ckpt":
+            c = cps.get(h[1])
+            if c is None:
+                return None
+            if c.kind == PointKind.SNAPSHOT and not _optional_holder(h, cache, applicant, []):
+                return None
+            cids.append(h[1])
+        elif h[0] == "wait":
+            r: list = []
+            if not _optional_holder(h, cache, applicant, r):
+                return None
+            revoked = (revoked or ()) + tuple(r)
+        else:
+            return None  # seq holders (active writers) and anything unknown are never victims
+    return cids, revoked or ()
+
+
 def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant, protect: frozenset,
                facts: _Facts) -> tuple[list, int]:
     """RCL-1: the finite action set for this gap, from the objects' real holders."""
     actions, excluded = [], 0
     on_host = gap.pool == HOST
-    groups: dict = {}  # frozenset(cids) -> [objects]
-    member_groups: dict = {}
-    dup = []
-    for oid, o in state.objects.items():
+    groups: dict = {}  # (frozenset(cids), revoked waiters) -> [objects]
+    multi = False
+    objects = state.objects
+    for oid in _candidate_objects(state, cache, gap):
+        o = objects.get(oid)
+        if o is None:
+            continue
         if on_host:
             if o.host is None or not o.host.complete:
                 continue
@@ -198,60 +231,99 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
             continue  # TXN-1: readers and pins keep the replica; RCL-8: own source kept
         other = o.device if on_host else o.host
         if other is not None and other.complete:  # HOST-1 / RCL-6: a safe duplicate replica
-            dup.append(o)
+            actions.append(Action("drop_replica", (), (oid,), o.host.nbytes if on_host else 1,
+                                  (o.host.location,) if on_host else (), 0, Tier.NORMAL, 0, o.holders, (),
+                                  HOST_MEDIUM if on_host else DEVICE))
             continue
-        revoked: list = []
-        if not all(_optional_holder(h, cache, applicant, revoked) for h in o.holders):
+        got = _holders_ok(o, cache, applicant)
+        if got is None:
             excluded += 1
             continue
-        cids = frozenset(h[1] for h in o.holders if h[0] == "ckpt")
-        key = (cids, tuple(sorted(revoked, key=repr)))
-        if key not in groups:
-            groups[key] = []
-            for c in cids:
-                member_groups.setdefault(c, []).append(key)
-        groups[key].append(o)
-    for o in dup:
-        amount = o.host.nbytes if on_host else 1
-        actions.append(Action("drop_replica", (), (o.object_id,), amount,
-                              (o.host.location,) if on_host else (), 0, Tier.NORMAL, 0, o.holders, (),
-                              HOST_MEDIUM if on_host else DEVICE))
-    for key, objs in groups.items():
-        cids, waiters = key
+        cids, revoked = got
         if not cids:
             continue
-        # Everything this group's deletion frees: its own objects and those of its subgroups.
+        if len(cids) > 1:
+            multi = True
+        key = (frozenset(cids), tuple(sorted(revoked, key=repr)) if revoked else ())
+        objs = groups.get(key)
+        if objs is None:
+            groups[key] = [o]
+        else:
+            objs.append(o)
+    member_groups: dict = {}
+    if multi:
+        for key in groups:
+            for c in key[0]:
+                member_groups.setdefault(c, []).append(key)
+    cps = cache.checkpoints
+    for key, objs in groups.items():
+        cids, waiters = key
         freed = {o.object_id: o for o in objs}
-        for c in cids:
-            for k2 in member_groups.get(c, ()):
-                if k2 != key and k2[0] <= cids and set(k2[1]) <= set(waiters):
-                    for o in groups[k2]:
-                        freed[o.object_id] = o
+        if len(cids) > 1:  # everything this group's deletion frees: its objects and its subgroups'
+            for c in cids:
+                for k2 in member_groups.get(c, ()):
+                    if k2 != key and k2[0] <= cids and set(k2[1]) <= set(waiters):
+                        for o in groups[k2]:
+                            freed[o.object_id] = o
         amount = sum(o.host.nbytes for o in freed.values()) if on_host else len(freed)
         if amount <= 0:
             continue  # RCL-1: frees none of the scarce resource
         tier, demand = Tier.NORMAL, 0
         for c in cids:
-            h, t = facts.hot(cache.checkpoints[c], cids)
-            tier = max(tier, Tier.REUSE if h else Tier.NORMAL)
-            demand = max(demand, t)
-        holders = frozenset(h for o in freed.values() for h in o.holders)
-        offsets = tuple(o.host.location for o in freed.values()) if on_host else ()
-        actions.append(Action("delete", tuple(sorted(cids)), tuple(sorted(freed)), amount, offsets,
-                              facts.loss(cids), tier, demand, holders, waiters))
+            h, t = facts.hot(cps[c], cids)
+            if h:
+                tier = Tier.REUSE
+            if t > demand:
+                demand = t
+        if len(freed) == 1:
+            (o,) = freed.values()
+            holders, ids = o.holders, (o.object_id,)
+            offsets = (o.host.location,) if on_host else ()
+        else:
+            holders = frozenset(h for o in freed.values() for h in o.holders)
+            ids = tuple(sorted(freed))
+            offsets = tuple(o.host.location for o in freed.values()) if on_host else ()
+        actions.append(Action("delete", tuple(sorted(cids)), ids, amount, offsets, facts.loss(cids), tier, demand,
+                              holders, waiters))
     if not on_host and applicant.demote and state.transaction is None:
         actions.extend(_demotions(state, cache, gap, applicant, protect, facts))
     return actions, excluded
+
+
+def _candidate_objects(state: LedgerState, cache: CacheState, gap: Gap):
+    """RCL-1: only objects some checkpoint holds can be victims (an object held by nothing
+    optional never is); walk the checkpoints' objects of the gap's pool, each once."""
+    seen = set()
+    if gap.pool == HOST:
+        for c in cache.checkpoints.values():
+            for oid in c.object_ids():
+                if oid not in seen:
+                    seen.add(oid)
+                    yield oid
+        return
+    kind = state.pool(gap.pool).spec.kind
+    for c in cache.checkpoints.values():
+        if kind != KV_PAGES:
+            oids = (c.state,)
+        else:
+            oids = next((pages for p, pages in c.kv if p == gap.pool), ())
+        for oid in oids:
+            if oid not in seen:
+                seen.add(oid)
+                yield oid
 
 
 def _demotions(state, cache, gap, applicant, protect, facts) -> list:
     """RCL-5/6: Device -> Host demotions of content with no Host replica yet. A KV demotion is a
     bounded page group of one checkpoint's pages (the deepest first), never State and KV
     together; its Host victims are fixed before sorting and its loss is theirs."""
-    out = []
+    out, pending = [], []
     spec = state.pool(gap.pool).spec
     seen: set = set()
     want = gap.amount
+    unit = spec.unit_bytes
+    from ledger import extents as ex
+    free_units = sum(length // unit for _, length in ex.iter_extents(state.arena.free))  # HOST-1 pre-check, once
     for c in cache.checkpoints.values():
         oids = [c.state] if spec.kind != KV_PAGES else [o for p, pages in c.kv if p == gap.pool for o in reversed(pages)]
         group = []
@@ -268,23 +340,27 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
         if not group:
             continue
         seen.update(group)
-        allocs = [host.HostAllocation(spec.unit_bytes) for _ in group]  # pages are placed one by one
-        victims, loss = (), 0
-        if not host.fits(state.arena, allocs):
-            need = host.HostAllocation(spec.unit_bytes * len(group), len(group)) if spec.kind == KV_PAGES \
-                else host.HostAllocation(spec.unit_bytes)
-            wb = Applicant(ApplicantKind.WRITEBACK, budget=facts.loss(frozenset((c.cid,))),
-                           demand_time=c.demand_time, tier=facts.hot(c, frozenset())[0] and Tier.REUSE or Tier.NORMAL,
-                           demote=False)
-            q = _quote(state, cache, Gap(HOST, need.size, (need,)), wb, protect | set(group), facts)
-            if not q.admitted:
-                continue
-            victims, loss = q.chosen, q.loss
         hot, demand = facts.hot(c, frozenset())
         tier = Tier.REUSE if hot else Tier.NORMAL
-        out.append(Action("demote", (c.cid,), tuple(group), len(group), (), loss, tier, demand,
-                          frozenset(h for oid in group for h in state.objects[oid].holders), (),
-                          DEVICE, victims))
+        holders = frozenset(h for oid in group for h in state.objects[oid].holders)
+        if free_units >= len(group):  # each page (or the StateImage block) places first-fit as is
+            out.append(Action("demote", (c.cid,), tuple(group), len(group), (), 0, tier, demand, holders, (),
+                              DEVICE, ()))
+        else:
+            pending.append((tier, demand, c, group, holders))
+    # Demotions that need Host victims: those are fixed before sorting (RCL-5) by a Host quote
+    # with the kept content's own rights (RCL-10 write-back, RCL-12); quoted for the oldest
+    # few candidates only, which keeps the action set finite and the quote bounded.
+    pending.sort(key=lambda x: (x[0], x[1], x[2].cid))
+    for tier, demand, c, group, holders in pending[:MAX_VICTIM_DEMOTIONS]:
+        need = host.HostAllocation(unit * len(group), len(group)) if spec.kind == KV_PAGES \
+            else host.HostAllocation(unit)
+        wb = Applicant(ApplicantKind.WRITEBACK, budget=facts.loss(frozenset((c.cid,))),
+                       demand_time=c.demand_time, tier=tier, demote=False)
+        q = _quote(state, cache, Gap(HOST, need.size, (need,)), wb, protect | set(group), facts)
+        if q.admitted:
+            out.append(Action("demote", (c.cid,), tuple(group), len(group), (), q.loss, tier, demand, holders, (),
+                              DEVICE, q.chosen))
     return out
 
 

@@ -8,6 +8,12 @@ Figures:
   (RES-3): all the ledger work of one decode cycle.
 - arena_alloc_us / arena_free_us: one first-fit Host arena allocation / one coalescing free
   with `--extents` extents in the arena (HOST-1).
+- source_select_us_p50 / _p99: `ledger.query_sources` (SRC-1/2: index walk, exact verification,
+  takeover kind, bytes, cost, ranking) for a follow-up prompt, with `--records` continuation
+  records (each an E over 192 tokens, 100 shared system prompts with a shared entry each).
+- reclaim_quote_us_p50 / _p99: `ledger.quote` for a one-slot StateImage gap over those records:
+  `--records` candidate deletion actions, each with its loss against the surviving fallback
+  (RCL-1..5), ranked and selected (RCL-4).
 Progress goes to stderr; the CLI prints the returned dict.
 """
 from __future__ import annotations
@@ -31,6 +37,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--objects", type=int, default=10_000, help="live physical objects before timing")
     ap.add_argument("--extents", type=int, default=10_000, help="Host arena extents (free + used) before timing")
     ap.add_argument("--cycles", type=int, default=10_000)
+    ap.add_argument("--records", type=int, default=10_000, help="continuation records for the cache figures")
+    ap.add_argument("--queries", type=int, default=2000, help="source queries timed")
+    ap.add_argument("--quotes", type=int, default=20, help="reclamation quotes timed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="accepted for symmetry; the CLI's --json decides printing")
     return ap.parse_args(argv)
@@ -138,6 +147,73 @@ def _bench_arena(args) -> dict:
             "arena_extents": a.free.count + len(a.used)}
 
 
+def _cache_state(args):
+    """`--records` records with an E each (state slot + 3 KV pages), 100 shared prefixes."""
+    from ledger.cache_edit import Edit
+
+    n = args.records
+    cfg = L.LedgerConfig((L.PoolSpec(L.MAIN_KV, L.KV_PAGES, 3 * n + 1024, 1024, 64),
+                          L.PoolSpec(L.STATE_POOL, L.STATE_SLOTS, n + 256, 4096)), 1 << 30)
+    s, c = L.initial_state(cfg), L.empty_cache()
+    prefixes = [[(97 * g + i) % 50_000 for i in range(128)] for g in range(100)]
+    tokens = []
+    for r in range(n):
+        toks = prefixes[r % 100] + [(r * 31 + i) % 50_000 + 1 for i in range(64)]
+        tokens.append(toks)
+        e = Edit(s, c)
+        cid = e.new_id()
+        st = e.add(L.plan_allocate(e.state, L.STATE_POOL, 1, L.ckpt_holder(cid))).proof.allocated[0][0]
+        pages = tuple(a[0] for a in e.add(L.plan_allocate(e.state, L.MAIN_KV, 3, L.ckpt_holder(cid))).proof.allocated)
+        rec = e.new_record(publication=r + 1)
+        e.put_point(L.Checkpoint(cid, ("rec", rec.rid), L.PointKind.END, L.identity_of(toks), st,
+                                 ((L.MAIN_KV, pages),), r), hold=False)
+        e.put_record(e.cache.records[rec.rid]._replace(end=cid))
+        if r < 100:  # a shared entry at the end of each system prompt (SH-1), sharing two pages
+            sid = e.new_id()
+            sst = e.add(L.plan_allocate(e.state, L.STATE_POOL, 1, L.ckpt_holder(sid))).proof.allocated[0][0]
+            e.add(L.plan_add_holders(e.state, pages[:2], L.ckpt_holder(sid)))
+            e.put_point(L.Checkpoint(sid, ("shared", sid), L.PointKind.SHARED, L.identity_of(prefixes[r]), sst,
+                                     ((L.MAIN_KV, pages[:2]),), r), hold=False)
+            e.set(shared=e.cache.shared.set(sid, L.SharedEntry(sid, sid, L.Tier.NORMAL, 0, 0, True)))
+        res = e.finish("bench")
+        s, c = res.plan.result, res.cache
+    return s, c, tokens
+
+
+def _bench_cache(args) -> dict:
+    rng = random.Random(args.seed + 2)
+    t = time.perf_counter()
+    s, c, tokens = _cache_state(args)
+    _log(f"cache: {len(c.records)} records, {len(c.checkpoints)} checkpoints in {time.perf_counter() - t:.1f}s")
+    gc.collect()
+    gc.freeze()  # as for the ledger state: a long-lived policy state is start-up heap to the GC
+    clock = time.perf_counter_ns
+    cost = L.CostModel()
+    queries = []
+    for _ in range(args.queries):
+        toks = tokens[rng.randrange(len(tokens))] + [7, 7, 7]
+        queries.append(L.SourceQuery("bench", L.identity_of(toks)))
+    sel = []
+    for q in queries:
+        t0 = clock()
+        best = L.query_sources(s, c, q, cost)[0]
+        sel.append((clock() - t0) / 1e3)
+        assert best.frontier == 192
+    quotes = []
+    ap = L.Applicant(L.ApplicantKind.NECESSARY, demote=False)
+    gap = L.Gap(L.STATE_POOL, 1)
+    actions = 0
+    for _ in range(args.quotes):
+        t0 = clock()
+        q = L.quote(s, c, gap, ap)
+        quotes.append((clock() - t0) / 1e3)
+        actions = len(q.actions)
+    return {"cache_records": len(c.records), "source_select_us_p50": round(statistics.median(sel), 1),
+            "source_select_us_p99": round(_pct(sel, 0.99), 1), "reclaim_actions": actions,
+            "reclaim_quote_us_p50": round(statistics.median(quotes), 1),
+            "reclaim_quote_us_p99": round(_pct(quotes, 0.99), 1)}
+
+
 def run(argv: list[str]) -> dict:
     args = _parse(argv)
     t = time.perf_counter()
@@ -154,6 +230,8 @@ def run(argv: list[str]) -> dict:
     figures.update(_bench_cycles(s, args))
     _log("timing the Host arena")
     figures.update(_bench_arena(args))
+    _log(f"timing source selection and reclamation quotes over {args.records} records")
+    figures.update(_bench_cache(args))
     figures["target_cycle_us_p50"] = 200.0
     figures["seconds"] = round(time.perf_counter() - t, 2)
     gc.unfreeze()
