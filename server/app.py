@@ -55,6 +55,11 @@ class InferenceServer:
             ("grpc.max_receive_message_length", self.limits.max_message_bytes),
             ("grpc.max_send_message_length", self.limits.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a port in use is an error, never shared
+            # Ping idle connections so a client that vanished without closing (a dead host, a
+            # dropped network) is noticed and its requests are cancelled within about 40 s.
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ]
         interceptors = [BearerTokenInterceptor(token)] if token else []
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ninfer-rpc"),

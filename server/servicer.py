@@ -165,6 +165,9 @@ class NInferServicer(pb_grpc.NInferServicer):
     def Tokenize(self, request: pb.TokenizeRequest, context):
         engine = self._engine(context)
 
+        if engine.tokenizer is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this model ships no tokenizer: send token ids")
+
         def encode():
             self.limits.check_chars(len(request.text), "text")
             ids = engine.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)

@@ -35,6 +35,7 @@ class FakeHandle:
         self.tokens: list[int] = []
         self.shown = ""
         self.cancel_requested = False
+        self.fail_with: str | None = None  # FakeEngine.fail_next_request
         self._deltas: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._completion: Completion | None = None
@@ -83,6 +84,7 @@ class FakeEngine:
         self._history: collections.deque[tuple[int, ...]] = collections.deque(maxlen=64)
         self._ids = itertools.count()
         self._inject: list[BaseException] = []
+        self._fail_next: list[str] = []
         self._closed = False
         self._stats = collections.Counter()
         if warmup_s:
@@ -105,6 +107,7 @@ class FakeEngine:
                 raise QueueFullError(f"waiting queue full ({self.max_queue})")
             handle = FakeHandle(request_id or f"fake-{next(self._ids)}", ids, sampling, self._cached(ids))
             handle._engine = self
+            handle.fail_with = self._fail_next.pop(0) if self._fail_next else None
             self._waiting.append(handle)
             self._stats["requests_submitted"] += 1
             self._stats["prompt_tokens"] += len(ids)
@@ -146,6 +149,10 @@ class FakeEngine:
     def active_requests(self) -> int:
         with self._lock:
             return len(self._running) + len(self._waiting)
+
+    def fail_next_request(self, message: str) -> None:
+        """The next submitted request finishes with finish_reason "error" after one token."""
+        self._fail_next.append(message)
 
     def inject_error(self, exc: BaseException) -> None:
         """The next submit raises `exc` (to test error mapping of engine-only errors)."""
@@ -190,12 +197,13 @@ class FakeEngine:
             self._slots_used -= 1
         elif h in self._waiting:
             self._waiting.remove(h)
-        if reason != "cancelled":
+        if reason in ("stop", "length"):
             self._history.append(h.prompt + tuple(h.tokens))
         self._stats[f"finished_{reason}"] += 1
         h._completion = Completion(
             request_id=h.request_id, prompt_token_ids=h.prompt, token_ids=tuple(h.tokens), text=h.shown,
-            finish_reason=reason, usage=Usage(len(h.prompt), h.cached, len(h.tokens)))
+            finish_reason=reason, usage=Usage(len(h.prompt), h.cached, len(h.tokens)),
+            error=h.fail_with if reason == "error" else None)
         h._done.set()
         h._deltas.put(_END)
 
@@ -217,6 +225,9 @@ class FakeEngine:
             time.sleep(self.step_s)
 
     def _step(self, h: FakeHandle) -> None:
+        if h.fail_with is not None and h.tokens:
+            self._finish(h, "error")
+            return
         limit = min(self._length(h), h.sampling.max_tokens, self.max_context - len(h.prompt))
         if len(h.tokens) >= limit:
             self._finish(h, "length" if limit < self._length(h) else "stop")

@@ -51,6 +51,15 @@ def test_streamed_tokens_equal_engine_generate(real, settled, sampling, prompt):
     settled(srv, engine)
 
 
+def test_logprobs_equal_engine_generate(real):
+    _, client, engine = real
+    sampling = {"temperature": 0.0, "max_tokens": 5, "logprobs": 3}
+    want = engine.generate([8, 6, 7, 5], SamplingParams(**sampling))
+    got = client.generate([8, 6, 7, 5], sampling=sampling)
+    assert [(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top]) for lp in got.logprobs] == \
+        [(lp.token_id, lp.logprob, [tuple(t) for t in lp.top]) for lp in want.logprobs]
+
+
 def test_long_prompt_over_several_chunks(real, settled):
     srv, client, engine = real
     prompt = [(i * 37) % 1000 + 1 for i in range(100)]  # 4 prefill chunks of 32

@@ -173,3 +173,27 @@ def _duplicate_ids(srv, client, engine, settled):
     assert client.generate([4, 5], sampling={"max_tokens": 2}, request_id="dup").request_id == "dup"
     ids = {client.generate([6], sampling={"max_tokens": 1}).request_id for _ in range(3)}
     assert len(ids) == 3 and all(i.startswith("rpc-") for i in ids)
+
+
+def test_request_failing_mid_stream_is_internal_with_its_error(fake_server, settled):
+    srv, client, engine = fake_server
+    engine.fail_next_request("device fell over")
+    stream = client.generate_stream([1, 2, 3], sampling={"max_tokens": 20})
+    first = next(stream)
+    assert first.token_ids
+    with pytest.raises(grpc.RpcError) as info:
+        list(stream)
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert "generation failed: device fell over" in info.value.details()
+    settled(srv, engine)
+
+
+def test_tokenize_without_a_tokenizer_is_failed_precondition():
+    engine = FakeEngine()
+    try:
+        with running_server(engine) as (_, client):
+            engine.tokenizer = None
+            code, details = _code(lambda: client.tokenize("x"))
+            assert code == grpc.StatusCode.FAILED_PRECONDITION and "token ids" in details
+    finally:
+        engine.close()
