@@ -16,7 +16,7 @@ import queue
 import random
 import threading
 import time
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from ninfer_jax.engine.types import Completion, SamplingParams, TokenDelta, TokenLogprob, Usage, check_prompt
 from ninfer_jax.errors import EngineClosedError, NInferError, QueueFullError
@@ -271,3 +271,53 @@ def wait_until(predicate, timeout: float = 5.0, step: float = 0.01) -> bool:
             return True
         time.sleep(step)
     return bool(predicate())
+
+
+def cut_streams(target: str, prompts: list[list[int]], plan: list[str], sampling: dict, *, seed: int = 0,
+                timeout: float = 120.0) -> list[tuple[list[int], Any]]:
+    """Open one Generate stream per prompt, all at once, from one asyncio thread. `plan[i]` is
+    "finish" (read to the end), "cancel" (cancel after 1-3 tokens) or "disconnect" (close the
+    stream's own channel after 1-3 tokens). Returns (token ids seen, final message or None) per
+    stream; a "finish" stream that fails raises."""
+    import asyncio
+
+    import grpc
+
+    from server.client import sampling_to_proto
+    from server.proto import ninfer_pb2 as pb
+    from server.proto import ninfer_pb2_grpc as pb_grpc
+
+    rng = random.Random(seed)
+    cuts = [rng.randrange(1, 4) for _ in prompts]
+
+    async def one(shared, i):
+        own = grpc.aio.insecure_channel(target) if plan[i] == "disconnect" else None
+        call = pb_grpc.NInferStub(own or shared).Generate(
+            pb.GenerateRequest(token_ids=pb.TokenIds(ids=prompts[i]), sampling=sampling_to_proto(sampling)),
+            timeout=timeout)
+        ids, final = [], None
+        try:
+            async for msg in call:
+                ids.extend(msg.token_ids)
+                if msg.finish_reason:
+                    final = msg
+                if plan[i] != "finish" and len(ids) >= cuts[i]:
+                    if plan[i] == "cancel":
+                        call.cancel()
+                    else:
+                        await own.close(grace=None)
+                    break
+        except grpc.aio.AioRpcError as e:
+            if plan[i] == "finish":
+                raise AssertionError(f"stream {i} failed: {e.code()} {e.details()}") from None
+        finally:
+            if own is not None:
+                await own.close(grace=None)
+        return ids, final
+
+    async def main():
+        async with grpc.aio.insecure_channel(target) as shared:
+            return await asyncio.wait_for(asyncio.gather(*(one(shared, i) for i in range(len(prompts)))),
+                                          timeout=timeout)
+
+    return asyncio.run(main())
