@@ -160,3 +160,60 @@ def test_200_streams_with_random_cancels_and_disconnects(real, settled):
             assert results[i][0] == list(engine.generate(prompts[i], SamplingParams(**sampling)).token_ids), i
     assert engine.stats()["compilations"] == compilations
     engine.check_integrity()
+
+
+def test_deadline_while_queued(real, settled):
+    srv, client, engine = real
+    busy = [client.generate_stream([i + 1, 2], sampling={"temperature": 0.0, "max_tokens": 200}) for i in range(2)]
+    for s in busy:
+        next(s)  # both lanes taken
+    code, _ = _code(lambda: client.generate([5, 5], sampling={"max_tokens": 4}, timeout=0.3))
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    for s in busy:
+        s.cancel()
+    settled(srv, engine)
+
+
+def test_ninfer_serve_real_engine_warm_up_and_sigterm():
+    """`ninfer serve` on the built-in model: NOT_SERVING while compiling, SERVING after, a stream
+    finishes across SIGTERM, exit 0."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", "--port=0", "--max_concurrency=1",
+                             "--max_context=128", "--chunk_size=32", "--grace_s=30"],
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    try:
+        address, seen, lines = None, [], []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and address is None:
+            line = proc.stderr.readline()
+            lines.append(line)
+            m = re.search(r"listening on (127\.0\.0\.1:\d+)", line)
+            if m:
+                address = m.group(1)
+            if not line and proc.poll() is not None:
+                break
+        assert address, "".join(lines)
+        with NInferClient(address, timeout=30) as client:
+            while time.monotonic() < deadline:
+                status = client.health()
+                if not seen or seen[-1] != status:
+                    seen.append(status)
+                if status == "SERVING":
+                    break
+                time.sleep(0.2)
+            assert seen[-1] == "SERVING" and seen[0] == "NOT_SERVING", seen
+            stream = client.generate_stream([1, 2, 3], sampling={"temperature": 0.0, "max_tokens": 8})
+            next(stream)
+            proc.send_signal(signal.SIGTERM)
+            assert list(stream)[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
