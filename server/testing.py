@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import itertools
 import queue
 import random
@@ -19,7 +18,7 @@ import time
 from typing import Any, Iterator, Sequence
 
 from ninfer_jax.engine.types import Completion, SamplingParams, TokenDelta, TokenLogprob, Usage, check_prompt
-from ninfer_jax.errors import EngineClosedError, NInferError, QueueFullError
+from ninfer_jax.errors import EngineClosedError, QueueFullError
 from ninfer_jax.frontend import ChatFrontend, Tokenizer
 
 _END = object()

@@ -6,6 +6,7 @@ import threading
 import grpc
 import pytest
 
+from ninfer_jax.engine.types import SamplingParams
 from ninfer_jax.errors import CapacityError, EngineClosedError, QueueFullError
 from server.client import message_to_proto
 from server.limits import ServerLimits
@@ -130,7 +131,7 @@ def test_limits_text_messages_and_wire_size():
 def test_bad_requests_do_not_disturb_a_running_stream(fake_server, settled):
     srv, client, engine = fake_server
     sampling = {"temperature": 0.0, "max_tokens": 20}
-    want = engine.generate([9, 8, 7], __import__("ninfer_jax").engine.types.SamplingParams(**sampling))
+    want = engine.generate([9, 8, 7], SamplingParams(**sampling))
     stream = client.generate_stream([9, 8, 7], sampling=sampling)
     first = next(stream)
     errors = []

@@ -1,7 +1,6 @@
 """Every RPC over a real loopback channel, on the fake engine: what streams is what the engine made."""
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from ninfer_jax.engine.types import SamplingParams
