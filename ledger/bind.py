@@ -94,7 +94,7 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         if missing:
             return Refusal("needs_transfer", None, f"objects {missing} have no complete Device replica (TXN-2)")
 
-    if paused_use is None and cand.takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
+    if paused_use is None and cand.rid is not None and cand.takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
         r0 = cache.records.get(cand.rid)
         if r0 is None or r0.active is not None:
             return Refusal("source_gone", None, f"record {cand.rid} is gone or active; query again (BIND-2)")
@@ -161,10 +161,9 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         e.note("permit", permit)
 
     # 4. WAIT-3/4: the request's own waiting reference is handed over now.
-    w = e.cache.waiters.get(req.request)
-    if w is not None:
-        e.add(plan_drop_holders(e.state, w.objects, wait_holder(req.request)))
-        e.set(waiters=e.cache.waiters.delete(req.request))
+    orphan = src is not None and src.owner == ("wait", req.request)
+    if req.request in e.cache.waiters:
+        e.end_wait(req.request)  # an orphaned source point of this waiter goes with it
 
     # 5. Records and evidence (only now: WAIT-4).
     cache2 = e.cache
@@ -179,6 +178,8 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
     if src is None:
         rec = e.new_record(session=req.session, publication=pub, active=req.request)
         rid = rec.rid
+    elif orphan:  # WAIT-3: the waiter's own old point (the directory was replaced): a new branch
+        rid = e.new_record(session=req.session, publication=pub, active=req.request).rid
     elif cand.takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
         rid = cand.rid
         rec = cache2.records[rid]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Hashable, NamedTuple
 
 from ledger import prefix_index as px
-from ledger.cache_state import CacheState, Checkpoint, ContinuationRecord, PointKind, Tier
+from ledger.cache_state import CacheState, Checkpoint, ContinuationRecord, PointKind, Tier, indexed, wait_holder
 from ledger.chain import Chain
 from ledger.objects import plan_add_holders, plan_drop_holders
 from ledger.plan import Plan
@@ -82,7 +82,7 @@ class Edit:
         if hold:
             self.add(plan_add_holders(self.state, c.object_ids(), c.holder))
         cache = self.cache
-        index = cache.index if c.kind == PointKind.SNAPSHOT else px.add(cache.index, c.identity, c.cid)
+        index = px.add(cache.index, c.identity, c.cid) if indexed(c) else cache.index
         self.set(checkpoints=cache.checkpoints.set(c.cid, c), index=index)
         self._link(c)
 
@@ -92,12 +92,44 @@ class Edit:
         cache = self.cache
         c = cache.checkpoints[cid]
         freed = ()
+        waiting = sorted((w.request for w in cache.waiters.values() if w.cid == cid), key=repr)
+        if waiting and c.owner[0] != "wait":
+            # WAIT-1: the owner retires it, a waiter still references it: it stays intact for
+            # that waiter only, out of the index (no new public entry), owned by the waiter.
+            self._unlink(c)
+            index = px.remove(cache.index, c.identity, cid) if indexed(c) else cache.index
+            orphan = c._replace(owner=("wait", waiting[0]))
+            self.set(checkpoints=self.cache.checkpoints.set(cid, orphan), index=index)
+            self._link(orphan)
+            self._leave_owner(c)
+            return ()
         if release:
             p = self.add(plan_drop_holders(self.state, c.object_ids(), c.holder))
             freed = p.proof.freed
-        index = cache.index if c.kind == PointKind.SNAPSHOT else px.remove(cache.index, c.identity, cid)
-        self.set(checkpoints=cache.checkpoints.delete(cid), index=index)
+        index = px.remove(cache.index, c.identity, cid) if indexed(c) else cache.index
+        self.set(checkpoints=self.cache.checkpoints.delete(cid), index=index)
         self._unlink(c)
+        self._leave_owner(c)
+        return freed
+
+    def end_wait(self, request) -> None:
+        """WAIT-4: a waiting reference ends (adoption, reselection, cancel, revocation): its
+        holders go, and a point only it kept goes to another waiter on it, or away."""
+        w = self.cache.waiters.get(request)
+        if w is None:
+            return
+        self.add(plan_drop_holders(self.state, w.objects, wait_holder(request)))
+        self.set(waiters=self.cache.waiters.delete(request))
+        c = self.cache.checkpoints.get(w.cid)
+        if c is not None and c.owner == ("wait", request):
+            others = sorted((x.request for x in self.cache.waiters.values() if x.cid == w.cid), key=repr)
+            if others:
+                self.set(checkpoints=self.cache.checkpoints.set(w.cid, c._replace(owner=("wait", others[0]))))
+            else:
+                self.drop_point(w.cid)
+
+    def _leave_owner(self, c: Checkpoint) -> None:
+        cid = c.cid
         kind, key = c.owner
         if kind == "rec":
             r = self.cache.records.get(key)
@@ -109,7 +141,6 @@ class Edit:
                 self.prune_record(key)
         elif kind == "shared":
             self.set(shared=self.cache.shared.delete(key))
-        return freed
 
     def mark(self) -> tuple:
         """A point to roll back to (SAVE-4: a failed shared part keeps the private part)."""
@@ -135,7 +166,7 @@ class Edit:
         cache = self.cache
         fb = deepest_prefix_cid(cache, c.identity, c.cid, strict=True)
         fallback, deps = cache.fallback.set(c.cid, fb), cache.dependents
-        if c.kind != PointKind.SNAPSHOT:
+        if indexed(c):
             n = c.frontier
             for a in (aliases(cache, cache.checkpoints[fb]) if fb else (0,)):
                 moved = [d for d in deps.get(a, ()) if cache.checkpoints[d].frontier > n
@@ -156,7 +187,7 @@ class Edit:
         deps = _deps_set(deps, fb, deps.get(fb, frozenset()) - {c.cid})
         mine = deps.get(c.cid, frozenset())
         if mine:
-            alive = sorted(a for a in aliases(cache, c) if a != c.cid) if c.kind != PointKind.SNAPSHOT else []
+            alive = sorted(a for a in aliases(cache, c) if a != c.cid) if indexed(c) else []
             to = alive[0] if alive else fb
             for d in mine:
                 fallback = fallback.set(d, to)

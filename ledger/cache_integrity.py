@@ -9,7 +9,7 @@ empty (CFG-7); at most four anchors (REC-1).
 from __future__ import annotations
 
 from ledger import prefix_index as px
-from ledger.cache_state import MAX_ANCHORS, CacheState, PointKind
+from ledger.cache_state import MAX_ANCHORS, CacheState, PointKind, indexed
 from ledger.errors import IntegrityError
 from ledger.integrity import check_integrity
 from ledger.state import LedgerState
@@ -35,6 +35,10 @@ def check_cache(state: LedgerState, cache: CacheState) -> None:
             use = cache.active.get(key)
             if use is None or use.snapshot != cid:
                 errs.append(f"snapshot {cid} not listed by request {key!r}")
+        elif kind == "wait":
+            w = cache.waiters.get(key)
+            if w is None or w.cid != cid:
+                errs.append(f"checkpoint {cid} kept for waiter {key!r} that does not wait on it")
     for req, w in cache.waiters.items():
         if w.cid not in cache.checkpoints and not w.objects:
             errs.append(f"waiter {req!r} holds nothing")
@@ -66,9 +70,9 @@ def check_cache(state: LedgerState, cache: CacheState) -> None:
         for cid in cids:
             listed[cid] = k
     for cid, c in cache.checkpoints.items():
-        if c.kind == PointKind.SNAPSHOT:
+        if not indexed(c):
             if cid in listed:
-                errs.append(f"snapshot {cid} is in the index")
+                errs.append(f"non-public checkpoint {cid} is in the index")
         elif listed.get(cid) != px.key_of(c.identity):
             errs.append(f"checkpoint {cid} missing from the index")
     for cid in listed:

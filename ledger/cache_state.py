@@ -50,6 +50,12 @@ SUMMARY_ITEMS = 256  # HEAT-2
 SOFT_TARGET = (3, 4)  # HEAT-4, RD-5: 3/4 of each physical pool
 
 
+def indexed(c: "Checkpoint") -> bool:
+    """Is c a public lookup entry? Snapshots (SRC-5) and points kept only by waiters (WAIT-1)
+    are not."""
+    return c.kind != PointKind.SNAPSHOT and c.owner[0] in ("rec", "shared")
+
+
 def ckpt_holder(cid: int) -> tuple:
     return ("ckpt", cid)
 
@@ -68,7 +74,7 @@ class Checkpoint(NamedTuple):
     """One exact restorable position (CKP-1)."""
 
     cid: int
-    owner: tuple  # ("rec", rid) | ("shared", sid) | ("snap", request)
+    owner: tuple  # ("rec", rid) | ("shared", sid) | ("snap", request) | ("wait", request) (WAIT-1)
     kind: str  # PointKind
     identity: InputIdentity  # exact input identity of [0, frontier)
     state: int  # object id of the immutable StateImage

@@ -350,12 +350,9 @@ def plan_clear(state: LedgerState, cache: CacheState) -> CacheResult:
     if cache.active:
         raise InvalidRequest(f"cannot clear with bound requests {sorted(map(repr, cache.active))}")
     e = Edit(state, cache)
-    from ledger.cache_state import wait_holder
-
-    for req, w in cache.waiters.items():
-        e.add(plan_drop_holders(e.state, w.objects, wait_holder(req)))
-    e.set(waiters=_EMPTY)
-    for cid in list(cache.checkpoints.keys()):
+    for req in list(cache.waiters.keys()):
+        e.end_wait(req)
+    for cid in list(e.cache.checkpoints.keys()):
         e.drop_point(cid)
     e.set(records=_EMPTY, shared=_EMPTY, sessions=_EMPTY, index=_EMPTY)
     return e.finish("clear")

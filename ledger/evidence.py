@@ -29,8 +29,10 @@ def position_key(ident: InputIdentity) -> tuple:
     return (n, ident.blocks[-1] if k else b"", ident.tokens[k * 64:], ident.media, ident.execution)
 
 
-def _observe(cache: CacheState, ident: InputIdentity, request: Hashable, now: int) -> tuple[CacheState, int]:
-    """Record one real observation; returns the new cache and the item's repeated-demand time."""
+def _observe(cache: CacheState, ident: InputIdentity, request: Hashable, now: int,
+             repeated: bool = False) -> tuple[CacheState, int]:
+    """Record one real observation; returns the new cache and the item's repeated-demand time.
+    `repeated`: the observation itself proves repeated demand (a cross-request adoption)."""
     key = position_key(ident)
     summary = cache.summary
     item = summary.get(key)
@@ -38,7 +40,9 @@ def _observe(cache: CacheState, ident: InputIdentity, request: Hashable, now: in
         if len(summary) >= SUMMARY_ITEMS:  # RD-9: drop the least recently observed
             oldest = min(summary.values(), key=lambda i: (i.seen, repr(i.key)))
             summary = summary.delete(oldest.key)
-        item = SummaryItem(key, len(ident.tokens), frozenset((request,)), 0, now)
+        item = SummaryItem(key, len(ident.tokens), frozenset((request,)), now if repeated else 0, now)
+    elif repeated:
+        item = item._replace(requests=frozenset(list(item.requests)[-1:]) | {request}, demand_time=now, seen=now)
     elif request in item.requests:
         item = item._replace(seen=now)
     else:  # HEAT-2: a second request's real observation proves repeated demand
@@ -97,8 +101,7 @@ def observe_adoption(cache: CacheState, request: Hashable, cid: int, now: int, *
     c = cache.checkpoints.get(cid)
     if c is None or own or c.frontier == 0:
         return cache
-    cache, _ = _observe(cache, c.identity, ("adopt", cid, request), now)
-    cache, _ = _observe(cache, c.identity, request, now)
+    cache, _ = _observe(cache, c.identity, request, now, repeated=True)
     cache = cache._replace(checkpoints=cache.checkpoints.set(cid, c._replace(demand_time=now)))
     kind, key = c.owner
     if kind == "shared":  # HEAT-1: shared use updates the shared entry alone

@@ -18,7 +18,7 @@ from typing import Hashable, NamedTuple
 from ledger import arena as host
 from ledger import prefix_index as px
 from ledger.cache_edit import CacheResult, Edit, aliases
-from ledger.cache_state import CacheState, Checkpoint, PointKind, Tier, wait_holder
+from ledger.cache_state import CacheState, Checkpoint, PointKind, Tier, indexed, wait_holder
 from ledger.errors import InvalidRequest
 from ledger.objects import plan_drop_holders, plan_drop_replica
 from ledger.plan import Refusal
@@ -68,6 +68,7 @@ class Action(NamedTuple):
     waiters: tuple  # waiting references it revokes (WAIT-2)
     medium: str = DEVICE  # drop_replica: which replica
     host_victims: tuple = ()  # demote: Host actions fixed before sorting (RCL-5)
+    revokes: tuple = ()  # tickets of the waiters / pause snapshots it revokes (WAIT-2, SCH-4)
 
 
 class Quote(NamedTuple):
@@ -96,7 +97,7 @@ class _Facts:
         together are not each other's fallback)."""
         cache = self.cache
         fb, cps = cache.fallback, cache.checkpoints
-        if c.kind != PointKind.SNAPSHOT and len(cache.index.get(px.key_of(c.identity), ())) > 1 \
+        if indexed(c) and len(cache.index.get(px.key_of(c.identity), ())) > 1 \
                 and any(a != c.cid and a not in gone for a in aliases(cache, c)):
             return c.frontier  # a surviving alias at the same position: nothing is lost
         f = fb.get(c.cid, 0)
@@ -165,6 +166,8 @@ def _optional_holder(h, cache: CacheState, applicant: Applicant, revoked: list) 
         c = cache.checkpoints.get(h[1])
         if c is None:
             return False
+        if c.owner[0] == "wait":  # a point only a waiter keeps goes only with that waiter
+            return _optional_holder(("wait", c.owner[1]), cache, applicant, revoked)
         if c.kind == PointKind.SNAPSHOT:
             if applicant.kind == ApplicantKind.NECESSARY and applicant.revoke_waiters:
                 return True  # SCH-4: pause snapshots are revoked on the same rung as waiters
@@ -197,8 +200,12 @@ def _holders_ok(o, cache: CacheState, applicant: Applicant):
             c = cps.get(h[1])
             if c is None:
                 return None
-            if c.kind == PointKind.SNAPSHOT and not _optional_holder(h, cache, applicant, []):
-                return None
+            if c.kind == PointKind.SNAPSHOT or c.owner[0] == "wait":
+                r: list = []
+                if not _optional_holder(h, cache, applicant, r):
+                    return None
+                if r:
+                    revoked = (revoked or ()) + tuple(r)
             cids.append(h[1])
         elif h[0] == "wait":
             r: list = []
@@ -283,8 +290,11 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
             holders = frozenset(h for o in freed.values() for h in o.holders)
             ids = tuple(sorted(freed))
             offsets = tuple(o.host.location for o in freed.values()) if on_host else ()
+        revokes = tuple(cache.waiters[r].ticket for r in waiters if r in cache.waiters)
+        revokes += tuple(cache.active[cps[c].owner[1]].publication_order for c in cids
+                         if cps[c].kind == PointKind.SNAPSHOT and cps[c].owner[1] in cache.active)
         actions.append(Action("delete", tuple(sorted(cids)), ids, amount, offsets, facts.loss(cids), tier, demand,
-                              holders, waiters))
+                              holders, waiters, DEVICE, (), revokes))
     if not on_host and applicant.demote and state.transaction is None:
         actions.extend(_demotions(state, cache, gap, applicant, protect, facts))
     return actions, excluded
@@ -313,6 +323,16 @@ def _candidate_objects(state: LedgerState, cache: CacheState, gap: Gap):
                 yield oid
 
 
+def _may_migrate(h, cache: CacheState, applicant: Applicant) -> bool:
+    """WAIT-2: waiting protection permits Device/Host migration; other holders as for deletion."""
+    if h[0] == "wait":
+        return True
+    if h[0] == "ckpt":
+        c = cache.checkpoints.get(h[1])
+        return c is not None and (c.owner[0] == "wait" or _optional_holder(h, cache, applicant, []))
+    return False
+
+
 def _demotions(state, cache, gap, applicant, protect, facts) -> list:
     """RCL-5/6: Device -> Host demotions of content with no Host replica yet. A KV demotion is a
     bounded page group of one checkpoint's pages (the deepest first), never State and KV
@@ -331,8 +351,7 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
             o = state.objects[oid]
             if oid in seen or oid in protect or o.pool != gap.pool or o.device is None or o.host is not None:
                 continue
-            if o.leases or o.pins or not all(h[0] == "wait" or (h[0] == "ckpt" and _optional_holder(h, cache, applicant, []))
-                                             for h in o.holders):
+            if o.leases or o.pins or not all(_may_migrate(h, cache, applicant) for h in o.holders):
                 continue  # active writers and readers limit movement (RCL-1); waiters allow it (WAIT-2)
             group.append(oid)
             if len(group) >= want:
@@ -357,6 +376,12 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
             else host.HostAllocation(unit)
         wb = Applicant(ApplicantKind.WRITEBACK, budget=facts.loss(frozenset((c.cid,))),
                        demand_time=c.demand_time, tier=tier, demote=False)
+        if applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK):
+            # RCL-12: Host victims must satisfy both the migration source's and the outer
+            # optional write's rights, and the outer write's remaining budget.
+            both_demand = min(wb.demand_time, applicant.demand_time) if wb.demand_time and applicant.demand_time else 0
+            budget = wb.budget if applicant.demand_time else min(wb.budget, applicant.budget)
+            wb = wb._replace(budget=budget, demand_time=both_demand, tier=min(wb.tier, applicant.tier))
         q = _quote(state, cache, Gap(HOST, need.size, (need,)), wb, protect | set(group), facts)
         if q.admitted:
             out.append(Action("demote", (c.cid,), tuple(group), len(group), (), q.loss, tier, demand, holders, (),
@@ -379,9 +404,11 @@ def _rank_key(a: Action, gap_amount: int):
     """RCL-4, RD-8: normal before reuse; normal by loss / useful freed amount (capped at the
     gap), ties older demand first; reuse by demand time, oldest first."""
     useful = min(a.frees, gap_amount) or 1
+    # WAIT-2 / SCH-4: ordinary reclamation first; revocations last, the youngest first.
+    rev = (1, -min(a.revokes)) if a.revokes else (0, 0)
     if a.tier == Tier.NORMAL:
-        return (0, a.loss / useful, a.demand_time, a.kind != "drop_replica", a.cids, a.objects)
-    return (1, a.demand_time, 0, True, a.cids, a.objects)
+        return (rev, 0, a.loss / useful, a.demand_time, a.kind != "drop_replica", a.cids, a.objects)
+    return (rev, 1, a.demand_time, 0, True, a.cids, a.objects)
 
 
 def _quote(state, cache, gap, applicant, protect, facts) -> Quote:
@@ -462,7 +489,7 @@ def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
         fits_alone = host.fits(arena, allocs, a.offsets)
         useful = min(a.frees, cap) or 1
         base = _rank_key(a, cap)
-        return (a.kind != "drop_replica", not fits_alone, base[0], a.loss / useful, base[1:])
+        return (a.kind != "drop_replica", base[0], not fits_alone, base[1], a.loss / useful, base[2:])
 
     ranked = sorted(ok, key=key)
     chosen, offsets, loss = [], [], 0
@@ -534,10 +561,8 @@ def apply_quote(e: Edit, q: Quote) -> None:
 
 def _apply_one(e: Edit, a: Action) -> None:
     for req in a.waiters:
-        w = e.cache.waiters.get(req)
-        if w is not None:
-            e.add(plan_drop_holders(e.state, w.objects, wait_holder(req)))
-            e.set(waiters=e.cache.waiters.delete(req))
+        if req in e.cache.waiters:
+            e.end_wait(req)  # WAIT-2: the request must reselect
             e.note("revoked_wait", req)
     if a.kind == "drop_replica":
         for oid in a.objects:

@@ -145,6 +145,16 @@ def query_sources(state: LedgerState, cache: CacheState, q: SourceQuery, cost: C
             continue
         seen[dup] = cand
     out = list(seen.values())
+    w = cache.waiters.get(q.request)
+    c = cache.checkpoints.get(w.cid) if w is not None else None
+    if c is not None and c.owner == ("wait", q.request) and c.frontier <= n and c.identity.is_prefix_of(q.identity):
+        # WAIT-3: the old point this waiter alone keeps (its directory was replaced): an
+        # independent branch; exclusively held, its state may still be Moved.
+        kind = Takeover.MOVE if _exclusive(state, c, q.request) else Takeover.FORK
+        h2d, copy, missing, blocked = _bytes(state, c, kind)
+        total = h2d * cost.h2d_per_byte + copy * cost.d2d_per_byte + (n - c.frontier) * cost.prefill_per_token
+        out.append(SourceCandidate(c.cid, c.frontier, kind, None, (), (), h2d, copy, total, True, False, 0, c.cid,
+                                   blocked, missing))
     out.append(SourceCandidate(None, 0, Takeover.ROOT, None, (), (), 0, 0, n * cost.prefill_per_token, False, False,
                                0, 0, False, ()))
     out.sort(key=SourceCandidate.rank)

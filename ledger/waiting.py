@@ -49,8 +49,7 @@ def plan_release_wait(state: LedgerState, cache: CacheState, request: Hashable) 
     if w is None:
         raise InvalidRequest(f"{request!r} holds no waiting reference")
     e = Edit(state, cache)
-    e.add(plan_drop_holders(e.state, w.objects, wait_holder(request)))
-    e.set(waiters=cache.waiters.delete(request))
+    e.end_wait(request)
     return e.finish("release_wait")
 
 

@@ -36,9 +36,26 @@ def test_wait1_waiting_allocates_nothing_adds_no_heat_and_outlives_the_directory
     _, v = start(sim, "b", toks(150) + [9, 9])  # takes over and retires the points
     v = compute(sim, v, toks(150) + [9, 9])
     capture(sim, v, INPUT)
-    assert inp.cid not in sim.cache.checkpoints
+    assert inp.cid not in sim.cache.records[sim.cache.active["b"].rid].points()  # retired by its owner ...
+    assert sim.cache.checkpoints[inp.cid].owner == ("wait", "w")  # ... kept intact for the waiter
     assert all(L.wait_holder("w") in sim.state.objects[o].holders for o in inp.object_ids())
     assert inp.cid not in {c for cids in sim.cache.index.values() for c in cids}  # no new public entry
+    assert all(c.cid != inp.cid for c in served(sim, toks(150) + [1], req="other"))
+
+
+def test_wait3_a_waiter_whose_directory_was_replaced_branches_from_its_kept_point():
+    sim = make()
+    _finished(sim, "a", toks(150))
+    cand = _wait(sim, "w", toks(150) + [1], ticket=5, frontier=150)
+    _, v = start(sim, "b", toks(150) + [9, 9])  # the owner advanced: the point was retired
+    v = compute(sim, v, toks(150) + [9, 9])
+    capture(sim, v, INPUT)
+    got = [c for c in served(sim, toks(150) + [1], req="w") if c.cid == cand.cid]
+    assert got and got[0].rid is None  # an independent branch, never a takeover
+    res = L.plan_bind(sim.state, sim.cache, L.BindRequest("w", got[0]))
+    sim.apply(res)
+    assert cand.cid not in sim.cache.checkpoints and "w" not in sim.cache.waiters
+    assert sim.cache.active["w"].rid != sim.cache.active["b"].rid
 
 
 def test_wait2_optional_writes_never_delete_waiter_points_necessary_work_revokes_younger_first():
@@ -167,3 +184,19 @@ def test_heat4_reuse_segment_keeps_three_quarters_of_a_pool_older_owners_demoted
     assert [t for _, t in tiers] == [L.Tier.NORMAL, L.Tier.REUSE, L.Tier.REUSE, L.Tier.REUSE]
     c = ev.rebalance_tiers(sim.state, sim.cache._replace(records=sim.cache.records))
     assert c.records == sim.cache.records
+
+
+def test_wait2_revocation_comes_after_ordinary_reclamation_and_takes_the_youngest_waiter_first():
+    sim = make(slots=8)
+    _finished(sim, "a", toks(150), out=(1,))
+    _finished(sim, "b", toks(150, 4000), out=(1,))
+    _finished(sim, "c", toks(150, 8000), out=(1,))  # no waiter: ordinary content
+    _wait(sim, "old", toks(150) + [1], ticket=1, frontier=150)
+    _wait(sim, "young", toks(150, 4000) + [1], ticket=9, frontier=150)
+    ap = L.Applicant(L.ApplicantKind.NECESSARY, revoke_waiters=True, demote=False)
+    q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 1), ap)
+    assert not q.chosen[0].waiters  # ordinary reclamation first
+    q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 2), ap)
+    assert [a.waiters for a in q.chosen] == [(), ("young",)]
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+    assert "young" not in sim.cache.waiters and "old" in sim.cache.waiters  # the revoked one reselects
