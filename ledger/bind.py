@@ -17,10 +17,10 @@ from typing import Hashable, NamedTuple
 
 from ledger import evidence as ev
 from ledger.cache_edit import CacheResult, Edit
-from ledger.cache_state import ActiveUse, CacheState, Checkpoint, PointKind, ckpt_holder, seq_holder, wait_holder
+from ledger.cache_state import ActiveUse, CacheState, Checkpoint, PointKind, seq_holder
 from ledger.effects import CopyToDevice, CopyUnit
 from ledger.errors import InvalidRequest
-from ledger.objects import plan_add_holders, plan_allocate, plan_copy_on_write, plan_drop_holders
+from ledger.objects import plan_add_holders, plan_allocate, plan_copy_on_write
 from ledger.permits import UnitDemand, plan_unit_permit
 from ledger.plan import Refusal
 from ledger.sources import SourceCandidate, Takeover

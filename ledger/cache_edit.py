@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Hashable, NamedTuple
 
 from ledger import prefix_index as px
-from ledger.cache_state import CacheState, Checkpoint, ContinuationRecord, PointKind, Tier, indexed, wait_holder
+from ledger.cache_state import CacheState, Checkpoint, ContinuationRecord, Tier, indexed, wait_holder
 from ledger.chain import Chain
 from ledger.objects import plan_add_holders, plan_drop_holders
 from ledger.plan import Plan

@@ -9,7 +9,7 @@ empty (CFG-7); at most four anchors (REC-1).
 from __future__ import annotations
 
 from ledger import prefix_index as px
-from ledger.cache_state import MAX_ANCHORS, CacheState, PointKind, indexed
+from ledger.cache_state import MAX_ANCHORS, CacheState, indexed
 from ledger.errors import IntegrityError
 from ledger.integrity import check_integrity
 from ledger.state import LedgerState

@@ -32,10 +32,10 @@ from ledger.cache_state import (
 from ledger.effects import CopyToHost, CopyUnit
 from ledger.errors import InvalidRequest
 from ledger.identity import InputIdentity
-from ledger.objects import plan_allocate, plan_copy_on_write, plan_drop_holders
+from ledger.objects import plan_add_holders, plan_allocate, plan_copy_on_write, plan_drop_holders
 from ledger.ops import Builder, HostTake, PutObject
 from ledger.plan import Plan, Proof, Refusal, finish, shortfall
-from ledger.state import DEVICE, HOST, HOST_MEDIUM, LedgerState, PhysicalObject, Replica
+from ledger.state import HOST, HOST_MEDIUM, LedgerState, PhysicalObject, Replica
 
 
 import immutables
@@ -186,7 +186,6 @@ def plan_capture(state: LedgerState, cache: CacheState, req: CaptureRequest) -> 
                 e.put_point(c, hold=False)
                 hold = [oid for _, pages in kv for oid in pages]
                 if hold:
-                    from ledger.objects import plan_add_holders
                     e.add(plan_add_holders(e.state, hold, c.holder))  # BIND-3: no KV copy
                 r = e.cache.records[use.rid]
                 if req.private == PointKind.INPUT:
@@ -213,10 +212,7 @@ def plan_capture(state: LedgerState, cache: CacheState, req: CaptureRequest) -> 
 
 
 def _capture_shared(e: Edit, view: SequenceView, ident, kv, state_oid, demand, req):
-    for c in e.cache.checkpoints.values():
-        pass
     from ledger import prefix_index as px
-    from ledger.objects import plan_add_holders
 
     for cid in px.candidates(e.cache.index, ident):
         c = e.cache.checkpoints[cid]
@@ -290,7 +286,16 @@ def plan_publish_end(state: LedgerState, cache: CacheState, view: SequenceView, 
         same = [c for c in (e.cache.checkpoints[p] for p in e.cache.records[use.rid].points())
                 if c.identity == view.identity]
         # REC-9: no extra image per generation; same-position uses share one physical state.
-        st = same[0].state if same else view.state
+        st = view.state
+        if same:
+            so = e.state.objects[same[0].state]
+            if so.device is not None and so.device.complete:
+                st = same[0].state
+            else:  # the kept point lies on Host only: it takes the live Device state instead
+                for c in same:
+                    e.add(plan_add_holders(e.state, [view.state], c.holder))
+                    e.add(plan_drop_holders(e.state, [c.state], c.holder))
+                    e.set(checkpoints=e.cache.checkpoints.set(c.cid, c._replace(state=view.state)))
         e.put_point(Checkpoint(cid, ("rec", use.rid), PointKind.END, view.identity, st, kv, cache.clock))
         rec = e.cache.records[use.rid]._replace(end=cid)
         e.note("E", cid)

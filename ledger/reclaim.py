@@ -13,14 +13,14 @@ the plan's ops re-check every object's version at commit (RCL-2, RCL-5).
 """
 from __future__ import annotations
 
-from typing import Hashable, NamedTuple
+from typing import NamedTuple
 
 from ledger import arena as host
 from ledger import prefix_index as px
 from ledger.cache_edit import CacheResult, Edit, aliases
-from ledger.cache_state import CacheState, Checkpoint, PointKind, Tier, indexed, wait_holder
+from ledger.cache_state import CacheState, Checkpoint, PointKind, Tier, indexed
 from ledger.errors import InvalidRequest
-from ledger.objects import plan_drop_holders, plan_drop_replica
+from ledger.objects import plan_drop_replica
 from ledger.plan import Refusal
 from ledger.state import DEVICE, HOST, HOST_MEDIUM, KV_PAGES, LedgerState, TxnKind
 from ledger.transactions import TransferRequest, plan_begin_transfer

@@ -22,8 +22,8 @@ from ledger.identity import InputIdentity, identity_of
 from ledger.objects import plan_allocate
 from ledger.plan import Plan, Refusal
 from ledger.reclaim import Applicant, ApplicantKind, Gap, gap_order, plan_reclaim, quote
-from ledger.sources import SourceQuery, Takeover, query_sources
-from ledger.state import HOST, KV_PAGES, MAIN_KV, STATE_POOL, STATE_SLOTS, LedgerConfig, PoolSpec, initial_state
+from ledger.sources import SourceQuery, query_sources
+from ledger.state import KV_PAGES, MAIN_KV, STATE_POOL, STATE_SLOTS, LedgerConfig, PoolSpec, initial_state
 from ledger.transactions import plan_complete, plan_publish, plan_submit
 
 

@@ -16,7 +16,7 @@ from typing import Hashable
 from ledger.cache_edit import CacheResult, Edit
 from ledger.cache_state import CacheState, WaitRef, wait_holder
 from ledger.errors import InvalidRequest
-from ledger.objects import plan_add_holders, plan_drop_holders
+from ledger.objects import plan_add_holders
 from ledger.plan import Refusal
 from ledger.sources import SourceCandidate
 from ledger.state import LedgerState

@@ -1,7 +1,7 @@
 """Save opportunities and capture (SAVE-1..6)."""
 from __future__ import annotations
 
-from cache_helpers import L, SavePoint, capture, compute, end, make, points, start, toks
+from cache_helpers import L, SavePoint, capture, compute, make, points, start, toks
 
 INPUT, SHARED = L.PointKind.INPUT, L.PointKind.SHARED
 

@@ -1,7 +1,7 @@
 """Reclamation and admission (RCL-1..12) and Host placement (HOST-1..3)."""
 from __future__ import annotations
 
-from cache_helpers import L, capture, compute, end, make, points, served, start, toks
+from cache_helpers import L, capture, compute, end, make, points, start, toks
 from ledger.cache_edit import Edit
 
 INPUT, END, SHARED, ANCHOR = L.PointKind.INPUT, L.PointKind.END, L.PointKind.SHARED, L.PointKind.ANCHOR

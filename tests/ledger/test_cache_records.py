@@ -1,8 +1,6 @@
 """Records, checkpoints, identity, shared entries (REC-1..9, CKP-1..4, SH-1, BIND-3)."""
 from __future__ import annotations
 
-import pytest
-
 from cache_helpers import L, capture, compute, end, make, points, served, start, toks
 
 INPUT, ANCHOR, END, SHARED = L.PointKind.INPUT, L.PointKind.ANCHOR, L.PointKind.END, L.PointKind.SHARED
