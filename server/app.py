@@ -96,12 +96,13 @@ class InferenceServer:
     def warm_up(self) -> None:
         """Build the engine, then report SERVING. On failure health stays NOT_SERVING."""
         engine = self._engine_factory()
-        if self._stopped.is_set():
-            engine.close()
-            return
-        self.engine = engine
-        self.servicer.attach(engine)
-        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        with self._shutdown_lock:  # a shutdown that began meanwhile wins
+            if self._stopped.is_set() or self.servicer.draining:
+                engine.close()
+                return
+            self.engine = engine
+            self.servicer.attach(engine)
+            self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._progress(f"serving {engine.model_info().get('name', '?')} on {self.address} (health SERVING)")
 
     def shutdown(self, grace_s: float | None = None) -> None:
@@ -126,10 +127,18 @@ class InferenceServer:
         return self._stopped.wait(timeout)
 
     def serve_until_signal(self) -> None:
-        """Start, warm up and serve until SIGTERM or SIGINT, then shut down gracefully.
-        Must run on the main thread (Python delivers signals there)."""
+        """Start, warm up and serve until SIGTERM or SIGINT, then shut down gracefully; a second
+        signal cancels what is still running at once. Must run on the main thread (Python
+        delivers signals there)."""
         stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def on_signal(*_):
+            if stop.is_set():
+                self._progress("second signal: cancelling running requests now")
+                self.servicer.cancel_all()
+            stop.set()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
             warm = threading.Thread(target=self._warm_up_or_stop, args=(stop,), name="ninfer-warmup", daemon=True)

@@ -3,7 +3,8 @@
 `serve` builds the engine from the flags inside the server's warm-up (health NOT_SERVING until
 it is ready) and serves until SIGTERM/SIGINT. The remote commands stream text to stdout and
 progress to stderr, like their in-process twins. `--model=fake:NAME` serves the deterministic
-fake engine of `server.testing` (no model, no compilation: for trying the service out and tests).
+fake engine of `server.testing` (no model, no compilation: for trying the service out and tests);
+`fake:NAME,step_s=0.02,len=200` sets its pace and output length.
 """
 from __future__ import annotations
 
@@ -26,6 +27,23 @@ def resolve_token(flag_value: str | None) -> str | None:
     return flag_value or os.environ.get(TOKEN_ENV) or None
 
 
+def fake_options(model: str) -> dict:
+    """`fake:NAME[,step_s=SECONDS][,len=TOKENS]`: the fake engine's pace and output length."""
+    out: dict = {}
+    for item in model.split(",")[1:]:
+        key, _, value = item.partition("=")
+        try:
+            if key == "step_s":
+                out["step_s"] = float(value)
+            elif key == "len":
+                out["min_len"] = out["max_len"] = int(value)
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"fake engine option {item!r}: expected step_s=SECONDS or len=TOKENS") from None
+    return out
+
+
 def engine_factory(model: str, **settings: Any) -> Callable[[], Any]:
     """A function building the engine. Settings that are None keep the engine's defaults."""
     settings = {k: v for k, v in settings.items() if v is not None}
@@ -35,7 +53,7 @@ def engine_factory(model: str, **settings: Any) -> Callable[[], Any]:
             from server.testing import FakeEngine
 
             keep = {k: settings[k] for k in ("max_concurrency", "max_context") if k in settings}
-            return FakeEngine(model=model, **keep)
+            return FakeEngine(model=model, **keep, **fake_options(model))
 
         return build_fake
 

@@ -44,6 +44,10 @@ class NInferServicer(pb_grpc.NInferServicer):
         """New RPCs answer UNAVAILABLE from now on; running streams continue."""
         self._closing = True
 
+    @property
+    def draining(self) -> bool:
+        return self._closing
+
     def active_count(self) -> int:
         with self._idle:
             return len(self._active)

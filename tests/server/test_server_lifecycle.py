@@ -55,7 +55,7 @@ def test_health_not_serving_then_serving_then_not_serving(settled):
         seen = []
         stopper = threading.Thread(target=lambda: srv.shutdown(grace_s=0.5))
         stopper.start()
-        assert wait_until(lambda: srv.servicer._closing)
+        assert wait_until(lambda: srv.servicer.draining)
         seen.append(client.health())
         assert _code(lambda: client.generate("x")) == UNAVAILABLE  # draining: no new work
         rest = list(stream)  # cut at the end of the grace period: a final CANCELLED message
@@ -156,6 +156,36 @@ def test_ninfer_serve_shuts_down_gracefully_on_signal(sig):
         assert proc.wait(20) == 0
         tail = proc.stderr.read()
         assert "shutting down" in tail and "stopped" in tail
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_second_signal_cancels_running_streams_at_once():
+    proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", "--model=fake:slow,step_s=0.02,len=200",
+                             "--port=0", "--grace_s=60"], stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        address = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and address is None:
+            line = proc.stderr.readline()
+            m = re.search(r"serving .* on (127\.0\.0\.1:\d+)", line)
+            address = m.group(1) if m else None
+            if not line and proc.poll() is not None:
+                break
+        assert address
+        with NInferClient(address, timeout=30) as client:
+            stream = client.generate_stream([1, 2], sampling={"temperature": 0, "max_tokens": 200})  # ~4 s
+            next(stream)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            start = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            rest = list(stream)
+            assert rest[-1].finish_reason == pb.FINISH_REASON_CANCELLED
+            assert time.monotonic() - start < 3
+        assert proc.wait(20) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
