@@ -43,7 +43,7 @@ def plan_bind_transfer(state: LedgerState, cache: CacheState, request: Hashable,
     c = cache.checkpoints.get(candidate.cid)
     if c is None:
         return Refusal("source_gone", None, f"checkpoint {candidate.cid} no longer exists")
-    missing = [oid for oid in c.object_ids() if state.objects[oid].device is None]
+    missing = [oid for oid in candidate.missing if oid in state.objects and state.objects[oid].device is None]
     if not missing:
         return Refusal("nothing_to_transfer", None, "every object already has a Device replica")
     return plan_begin_transfer(state, TransferRequest(TxnKind.BIND, request, tuple(missing), DEVICE))
@@ -89,8 +89,9 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         src = cache.checkpoints.get(cand.cid)
         if src is None:
             return Refusal("source_gone", None, f"checkpoint {cand.cid} was retired; query again (SRC-5)")
-        missing = tuple(oid for oid in src.object_ids() if state.objects[oid].device is None
-                        or not state.objects[oid].device.complete)
+        in_place = cand.takeover in (Takeover.MOVE, Takeover.SNAPSHOT)
+        missing = tuple(oid for oid in src.object_ids() if (state.objects[oid].device is None
+                        or not state.objects[oid].device.complete) and (in_place or oid != src.state))
         if missing:
             return Refusal("needs_transfer", None, f"objects {missing} have no complete Device replica (TXN-2)")
 

@@ -155,9 +155,9 @@ def rebalance_tiers(state: LedgerState, cache: CacheState) -> CacheState:
             if o.host is not None:
                 add[HOST] += o.host.nbytes
         over = any(used[k] + add[k] > targets[k] and add[k] > 0 for k in targets)
-        if over and i > 0:  # the single newest owner may exceed the target
-            demote.append(owner)
-            continue
+        if over and i > 0:  # the single newest owner may exceed the target; from here on, older
+            demote.extend(o for _, o in owners[i:])  # records leave the reuse segment (HEAT-4)
+            break
         for k in targets:
             used[k] += add[k]
         billed |= footprint(state, cache, owner)

@@ -234,14 +234,18 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
                 continue
         elif o.pool != gap.pool or o.device is None or not o.device.complete:
             continue
-        if o.leases or (not on_host and o.pins) or oid in protect:
-            continue  # TXN-1: readers and pins keep the replica; RCL-8: own source kept
+        if o.leases or (not on_host and o.pins):
+            continue  # TXN-1: readers and pins keep the replica
         other = o.device if on_host else o.host
         if other is not None and other.complete:  # HOST-1 / RCL-6: a safe duplicate replica
+            # (even of the applicant's own source: its content stays; BIND-5 hands the Device
+            # slot to the new active identity and keeps the old identity's Host content)
             actions.append(Action("drop_replica", (), (oid,), o.host.nbytes if on_host else 1,
                                   (o.host.location,) if on_host else (), 0, Tier.NORMAL, 0, o.holders, (),
                                   HOST_MEDIUM if on_host else DEVICE))
             continue
+        if oid in protect:
+            continue  # RCL-8: the applicant's own source is kept
         got = _holders_ok(o, cache, applicant)
         if got is None:
             excluded += 1
@@ -257,6 +261,7 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
             groups[key] = [o]
         else:
             objs.append(o)
+    snapshots = any(u.snapshot for u in cache.active.values())
     member_groups: dict = {}
     if multi:
         for key in groups:
@@ -265,6 +270,13 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
     cps = cache.checkpoints
     for key, objs in groups.items():
         cids, waiters = key
+        if len(objs) == 1 and len(cids) == 1 and not waiters and not snapshots:  # the common case, inline
+            o = objs[0]
+            h, t = facts.hot(cps[next(iter(cids))], cids)
+            actions.append(Action("delete", tuple(cids), (o.object_id,), o.host.nbytes if on_host else 1,
+                                  (o.host.location,) if on_host else (), facts.loss(cids),
+                                  Tier.REUSE if h else Tier.NORMAL, t, o.holders, ()))
+            continue
         freed = {o.object_id: o for o in objs}
         if len(cids) > 1:  # everything this group's deletion frees: its objects and its subgroups'
             for c in cids:
@@ -290,9 +302,11 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
             holders = frozenset(h for o in freed.values() for h in o.holders)
             ids = tuple(sorted(freed))
             offsets = tuple(o.host.location for o in freed.values()) if on_host else ()
-        revokes = tuple(cache.waiters[r].ticket for r in waiters if r in cache.waiters)
-        revokes += tuple(cache.active[cps[c].owner[1]].publication_order for c in cids
-                         if cps[c].kind == PointKind.SNAPSHOT and cps[c].owner[1] in cache.active)
+        revokes = ()
+        if waiters or snapshots:
+            revokes = tuple(cache.waiters[r].ticket for r in waiters if r in cache.waiters)
+            revokes += tuple(cache.active[cps[c].owner[1]].publication_order for c in cids
+                             if cps[c].kind == PointKind.SNAPSHOT and cps[c].owner[1] in cache.active)
         actions.append(Action("delete", tuple(sorted(cids)), ids, amount, offsets, facts.loss(cids), tier, demand,
                               holders, waiters, DEVICE, (), revokes))
     if not on_host and applicant.demote and state.transaction is None:

@@ -62,14 +62,16 @@ def _bytes(state: LedgerState, c: Checkpoint, takeover: str) -> tuple[int, int, 
     txn = state.transaction
     busy = {j.object_id for j in txn.jobs} if txn is not None else set()
     h2d, copy, missing, blocked = 0, 0, [], False
+    in_place = takeover in (Takeover.MOVE, Takeover.SNAPSHOT)
     for oid in c.object_ids():
         o = state.objects[oid]
         if oid in busy:
             blocked = True
         if o.device is None or not o.device.complete:
             h2d += o.host.nbytes if o.host is not None else state.pool(o.pool).spec.unit_bytes
-            missing.append(oid)
-    if takeover != Takeover.MOVE:
+            if in_place or oid != c.state:
+                missing.append(oid)  # a forked StateImage is read from Host by the bind itself (BIND-5)
+    if not in_place and state.objects[c.state].device is not None:
         copy += state.pool(state.objects[c.state].pool).spec.unit_bytes  # BIND-5: state fork
         for pool, pages in c.kv:  # BIND-4: a partial tail page is copied for a writable view
             spec = state.pool(pool).spec

@@ -170,3 +170,26 @@ def test_bind7_an_older_finish_never_overwrites_a_newer_publication():
     assert any(o[0] == "session_kept_by_newer" for o in res.outcome)
     assert sim.cache.records[sim.cache.sessions["s"]].publication_order == 2
     assert served(sim, t + [1])[0].frontier == 100  # the unnamed history is reusable by content
+
+
+def test_bind5_tight_slots_keep_the_old_identity_on_host_and_hand_the_slot_to_the_writer():
+    sim = make(slots=2, host=1 << 16)
+    _finished(sim, "a", toks(128), out=(1, 2), session="s1")  # input point and E: both slots
+    (inp,) = points(sim, INPUT)
+    sim.state = L.commit(sim.state, L.plan_begin_transfer(sim.state, L.TransferRequest(
+        L.TxnKind.DEMOTION, "t", [inp.state], L.HOST_MEDIUM)))  # a Host replica exists too
+    sim.drive_transaction()
+    cand = [c for c in served(sim, toks(128) + [5], req="b", session="s2") if c.cid == inp.cid][0]
+    assert cand.takeover == "fork"  # another named entry: an independent branch, nothing retires
+    res = L.plan_bind(sim.state, sim.cache, L.BindRequest("b", cand, "s2"))
+    assert isinstance(res, L.Refusal) and res.reason == "shortfall"
+    q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 1), L.Applicant(L.ApplicantKind.NECESSARY),
+                protect=inp.object_ids())
+    assert q.chosen[0].kind == "drop_replica" and q.chosen[0].objects == (inp.state,)
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+    cand = [c for c in served(sim, toks(128) + [5], req="b", session="s2") if c.cid == inp.cid][0]
+    assert not cand.missing  # the forked state is read from Host by the bind itself
+    res = L.plan_bind(sim.state, sim.cache, L.BindRequest("b", cand, "s2"))
+    assert any(isinstance(x, L.CopyToDevice) for x in res.plan.effects)
+    sim.apply(res)
+    assert inp.cid in sim.cache.checkpoints and sim.state.objects[inp.state].host is not None
