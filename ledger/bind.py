@@ -212,4 +212,6 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
     e.note("bound", cand.takeover, rid, permit)
     e.note("view", view_state, tuple(view_kv))
     res = e.finish("bind", note=f"{cand.takeover} at {cand.frontier}")
-    return res._replace(cache=ev.rebalance_tiers(res.plan.result, res.cache))
+    if src is None:
+        return res  # a root bind promotes nobody: the reuse segment is unchanged
+    return res._replace(cache=ev.rebalance_tiers(res.plan.result, res.cache))  # HEAT-4

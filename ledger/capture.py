@@ -208,7 +208,12 @@ def plan_capture(state: LedgerState, cache: CacheState, req: CaptureRequest) -> 
     if e.empty and not e.outcome:
         return Refusal("nothing_to_save", None, "")
     res = e.finish("capture", note=f"at {f}")
-    return res._replace(cache=ev.rebalance_tiers(res.plan.result, res.cache))
+    grew = any(r.tier == Tier.REUSE for r in (res.cache.records.get(use.rid),) if r is not None) \
+        or any(o[0] == "shared" and res.cache.shared[o[1]].tier == Tier.REUSE for o in res.outcome
+               if o[1] in res.cache.shared)
+    if not grew:
+        return res  # nothing joined or grew in the reuse segment
+    return res._replace(cache=ev.rebalance_tiers(res.plan.result, res.cache))  # HEAT-4
 
 
 def _capture_shared(e: Edit, view: SequenceView, ident, kv, state_oid, demand, req):

@@ -48,9 +48,14 @@ class CapacityError(Exception):
 
 
 def small_config(main_pages: int, state_slots: int, host_bytes: int, page_bytes: int = 1024,
-                 slot_bytes: int = 4096) -> LedgerConfig:
-    return LedgerConfig((PoolSpec(MAIN_KV, KV_PAGES, main_pages, page_bytes, 64),
-                         PoolSpec(STATE_POOL, STATE_SLOTS, state_slots, slot_bytes)), host_bytes)
+                 slot_bytes: int = 4096, backend_pages: int = 0) -> LedgerConfig:
+    """Main KV (64-token pages), StateImage slots and, optionally, a backend KV pool
+    ("backend_kv:mtp", 32-token pages of half the bytes: its own geometry)."""
+    pools = [PoolSpec(MAIN_KV, KV_PAGES, main_pages, page_bytes, 64),
+             PoolSpec(STATE_POOL, STATE_SLOTS, state_slots, slot_bytes)]
+    if backend_pages:
+        pools.append(PoolSpec("backend_kv:mtp", KV_PAGES, backend_pages, page_bytes // 2, 32))
+    return LedgerConfig(tuple(pools), host_bytes)
 
 
 class CacheSim:
@@ -135,19 +140,20 @@ class CacheSim:
     def grow(self, view: SequenceView, ident: InputIdentity, upto: int) -> SequenceView:
         """Compute [view.frontier, upto): allocate the pages that needs (necessary execution)."""
         kv = dict(view.kv)
-        pages = list(kv.get(MAIN_KV, ()))
-        pt = self.state.pool(MAIN_KV).spec.page_tokens
-        need = -(-upto // pt) - len(pages)
-        if need > 0:
-            me = seq_holder(view.request)
-            protect = tuple(pages) + (view.state,)
-            got = self._retry(lambda: plan_allocate(self.state, MAIN_KV, need, me), protect)
-            if isinstance(got, Refusal):
-                raise CapacityError(f"{view.request!r}: {got.detail} (RES-6)")
-            self.apply(got)
-            pages.extend(a[0] for a in got.proof.allocated)
-        kv[MAIN_KV] = tuple(pages)
-        return view._replace(identity=ident.prefix(upto), kv=tuple(kv.items()))
+        me = seq_holder(view.request)
+        for pool in [p.pool_id for p in self.state.config.pools if p.kind == KV_PAGES]:  # every typed KV pool
+            pages = list(kv.get(pool, ()))
+            pt = self.state.pool(pool).spec.page_tokens
+            need = -(-upto // pt) - len(pages)
+            if need > 0:
+                protect = tuple(o for ps in kv.values() for o in ps) + (view.state,)
+                got = self._retry(lambda: plan_allocate(self.state, pool, need, me), protect)
+                if isinstance(got, Refusal):
+                    raise CapacityError(f"{view.request!r}: {got.detail} (RES-6)")
+                self.apply(got)
+                pages.extend(a[0] for a in got.proof.allocated)
+            kv[pool] = tuple(pages)
+        return view._replace(identity=ident.prefix(upto), kv=tuple(sorted(kv.items())))
 
     def run(self, request, tokens: Sequence[int], saves: Sequence[SavePoint] = (), output: Sequence[int] = (),
             session=None, cancel: bool = False) -> Outcome:

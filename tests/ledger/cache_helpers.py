@@ -12,8 +12,8 @@ def toks(n: int, base: int = 0) -> list[int]:
     return list(range(base, base + n))
 
 
-def make(main=64, slots=8, host=1 << 16, chunk=64) -> CacheSim:
-    return CacheSim(small_config(main, slots, host, PAGE, SLOT), chunk=chunk, check=True)
+def make(main=64, slots=8, host=1 << 16, chunk=64, backend=0) -> CacheSim:
+    return CacheSim(small_config(main, slots, host, PAGE, SLOT, backend), chunk=chunk, check=True)
 
 
 def start(sim: CacheSim, req, tokens, session=None, pick=0, ticket=0):

@@ -23,7 +23,7 @@ PREFIXES = [list(range(1000 + 100 * i, 1000 + 100 * i + 90)) for i in range(3)]
 class CacheMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.sim = make(main=16, slots=4, host=2 * 1024 + 4096, chunk=64)
+        self.sim = make(main=16, slots=4, host=2 * 1024 + 4096, chunk=64, backend=24)
         self.views: dict = {}  # active request -> view
         self.tokens: dict = {}
         self.paused: dict = {}  # request -> (tokens, snapshot cid or None)
@@ -166,7 +166,7 @@ class CacheMachine(RuleBasedStateMachine):
     def release_lease(self):
         self.sim.apply(L.plan_release_leases(self.sim.state, [self.leases.pop(0)], "reader"))
 
-    @rule(pool=st.sampled_from([L.STATE_POOL, L.MAIN_KV, L.HOST]), amount=st.integers(1, 6),
+    @rule(pool=st.sampled_from([L.STATE_POOL, L.MAIN_KV, "backend_kv:mtp", L.HOST]), amount=st.integers(1, 6),
           kind=st.sampled_from([L.ApplicantKind.NECESSARY, L.ApplicantKind.CAPTURE]), revoke=st.booleans(),
           budget=st.integers(0, 400))
     def reclaim(self, pool, amount, kind, revoke, budget):
@@ -228,5 +228,5 @@ def _end_paused(sim, req):
     return L.plan_publish_end(sim.state, sim.cache, L.SequenceView(req, L.identity_of([]), -1, ()), cancel=True)
 
 
-CacheMachine.TestCase.settings = settings(SETTINGS, max_examples=30, stateful_step_count=30)
+CacheMachine.TestCase.settings = settings(SETTINGS, max_examples=50, stateful_step_count=30)
 test_cache_random_operation_sequences = CacheMachine.TestCase

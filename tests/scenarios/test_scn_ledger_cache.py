@@ -65,10 +65,13 @@ def test_scn4_hot_predecessor_many_one_off_branches_each_with_its_own_adoption_t
 
 
 def test_scn6_a_few_missing_main_kv_pages_move_only_that_page_group():
-    sim = make(main=16, slots=8, host=1 << 16)
+    sim = make(main=16, slots=8, host=1 << 16, backend=32)
     for i in range(3):
         sim.run(f"a{i}", toks(300, 1000 * i), [SavePoint(300)], output=(1,))
+    backend = "backend_kv:mtp"
+    assert all(len(dict(c.kv)[backend]) == 10 for c in points(sim))  # typed coverage: ceil(300 / 32)
     states_before = {c.state: sim.state.objects[c.state].device for c in points(sim)}
+    backend_before = {o: x.device for o, x in sim.state.objects.items() if x.pool == backend}
     short = 2
     q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, short), L.Applicant(L.ApplicantKind.NECESSARY))
     assert q.admitted and sum(len(a.objects) for a in q.chosen) == short
@@ -76,6 +79,7 @@ def test_scn6_a_few_missing_main_kv_pages_move_only_that_page_group():
     sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
     sim.drive_transaction()
     assert {s: sim.state.objects[s].device for s in states_before} == states_before  # State not moved
+    assert {o: sim.state.objects[o].device for o in backend_before} == backend_before  # nor backend KV
     assert sim.state.pool(L.MAIN_KV).available >= short
 
 
