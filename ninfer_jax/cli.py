@@ -43,6 +43,13 @@ _MESSAGES = flags.DEFINE_string("messages", None, "chat: JSON list of messages, 
                                 "message with --prompt).")
 _SESSION = flags.DEFINE_string("session", None, "chat: session id.")
 _TIMEOUT = flags.DEFINE_float("timeout", None, "generate/chat --server: deadline of the call in seconds.")
+_TURNS = flags.DEFINE_integer("turns", None, "chat: a multi-turn conversation of up to N user messages read from "
+                              "stdin, one per line (also without --turns when stdin holds lines).", lower_bound=1)
+_PROGRAM = flags.DEFINE_enum("program", "model", ["model", "sim"], "trace: the real model or the cost-model Program.")
+_TRACE_FORMAT = flags.DEFINE_enum("trace_format", "auto", ["auto", "chat", "marconi"],
+                                  "trace: chat-level or Marconi token-level JSONL (auto: by the first line).")
+_TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "trace: replay only the first N requests.", lower_bound=1)
+_COLD = flags.DEFINE_bool("cold", True, "trace: also replay with the context cache off (the TTFT baseline).")
 
 COMMANDS = ("generate", "chat", "serve", "bench", "trace")
 
@@ -135,8 +142,50 @@ def _stream_completion(engine, handle, what: str) -> int:
     return 0 if r.finish_reason != "error" else 1
 
 
+def _stdin_turns():
+    """chat: the user messages waiting on stdin, one per line, as a lazy iterator; None when
+    stdin is a terminal (without --turns), empty or silent (then chat runs one turn)."""
+    import itertools
+    import select
+
+    if sys.stdin is None or sys.stdin.closed:
+        return None
+    if _TURNS.value is None:
+        try:
+            if sys.stdin.isatty() or not select.select([sys.stdin], [], [], 0.2)[0]:
+                return None
+        except (OSError, ValueError):
+            return None
+    first = sys.stdin.readline()
+    if not first:
+        return None
+    lines = (line.rstrip("\r\n") for line in itertools.chain([first], sys.stdin))
+    return itertools.islice((line for line in lines if line.strip()), _TURNS.value)
+
+
+def _chat_conversation(engine, messages: list[dict], turns) -> int:
+    """A multi-turn chat: each line a user message, the reply (parsed, as a client would send it
+    back) joins the history; per turn, prompt and cached tokens on stderr."""
+    import os
+
+    from ninfer_jax import SamplingParams
+    from ninfer_jax.bench.trace import assistant_message
+
+    session = _SESSION.value or f"cli-{os.getpid()}"
+    history = list(messages)
+    for turn, text in enumerate(turns, 1):
+        history.append({"role": "user", "content": text})
+        handle = engine.submit_chat(history, session=session, sampling=SamplingParams(**_sampling_dict()))
+        code = _stream_completion(engine, handle, f"turn {turn}")
+        if code:
+            return code
+        history.append(assistant_message(engine.tokenizer, handle.result().token_ids))
+    return 0
+
+
 def cmd_chat(args: list[str]) -> int:
-    """One chat turn (--messages JSON or --prompt as the user message), in process or --server."""
+    """One chat turn (--messages JSON or --prompt as the user message), in process or --server;
+    a conversation with --turns N or user messages on stdin (in process)."""
     from server.cli_commands import chat_remote, parse_messages
 
     try:
@@ -150,8 +199,11 @@ def cmd_chat(args: list[str]) -> int:
     from ninfer_jax import Engine, SamplingParams
     from ninfer_jax.errors import NInferError
 
+    turns = _stdin_turns()
     try:
         with Engine(engine_config_from_flags()) as engine:
+            if turns is not None:
+                return _chat_conversation(engine, messages if _MESSAGES.value else [], turns)
             handle = engine.submit_chat(messages, session=_SESSION.value, sampling=SamplingParams(**_sampling_dict()))
             return _stream_completion(engine, handle, "chat")
     except NInferError as e:
@@ -180,12 +232,37 @@ def cmd_generate(args: list[str]) -> int:
         return 1
 
 
+def cmd_trace(args: list[str]) -> int:
+    """Replay a chat-level or Marconi token-level JSONL trace, cache on and off (docs/trace.md)."""
+    from ninfer_jax.bench.trace import TraceError, run_trace
+    from ninfer_jax.errors import NInferError
+    from ninfer_jax.frontend import FrontendError
+
+    if len(args) != 1:
+        print("usage: ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi] [--json]",
+              file=sys.stderr)
+        return 2
+    try:
+        figures = run_trace(args[0], engine_config_from_flags(), program=_PROGRAM.value, fmt=_TRACE_FORMAT.value,
+                            cold=_COLD.value, limit=_TRACE_LIMIT.value, temperature=_TEMPERATURE.value,
+                            seed=_SEED.value, default_max_tokens=_MAX_TOKENS.value)
+    except TraceError as e:
+        print(f"ninfer trace: {e}", file=sys.stderr)
+        return 2
+    except (NInferError, FrontendError) as e:
+        print(f"ninfer trace: {e}", file=sys.stderr)
+        return 1
+    _print_figures(figures)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(_usage(), file=sys.stderr)
         return 2
     command, rest = argv[1], argv[2:]
-    handlers = {"bench": cmd_bench, "generate": cmd_generate, "serve": cmd_serve, "chat": cmd_chat}
+    handlers = {"bench": cmd_bench, "generate": cmd_generate, "serve": cmd_serve, "chat": cmd_chat,
+                "trace": cmd_trace}
     if command not in handlers:
         if command in COMMANDS:
             print(f"ninfer {command}: not available yet in this build", file=sys.stderr)

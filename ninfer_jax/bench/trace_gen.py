@@ -132,9 +132,11 @@ def agent_sessions(n: int, seed: int, max_context: int = 2048) -> list[list[dict
                     break  # the session ends here, under its context budget
                 extra = {"tools": tools} if not sess.lines else {}
                 sess.add(rng, pending, reply, max_tokens, **extra)
-                pending = [] if final else [
-                    {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
-                     "content": json.dumps({"result": _text(rng, 8, 40), "ok": rng.random() < 0.8})}]
+                if final:
+                    pending = []
+                    break
+                pending = [{"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
+                            "content": json.dumps({"result": _text(rng, 8, 40), "ok": rng.random() < 0.8})}]
             if pending:  # stopped mid-task
                 break
         out.append(sess.lines)

@@ -1,0 +1,473 @@
+"""`ninfer trace`: replay a multi-turn trace through the engine and report context reuse.
+
+    ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi] [--json] ...
+
+The trace runs twice on fresh engines with the same settings: once with the context cache on,
+once with it off (`ContextCacheConfig(enabled=False)`: the cold baseline). The figures
+(docs/trace.md): prompt tokens served from the cache against the offline upper bound
+(`cache_replay.upper_bound` over the prompts and outputs this run produced), prefill and replay
+tokens, H2D/D2H bytes, cache hits, and time to first token cached vs cold, on the Program's
+clock (modelled seconds on the cost-model Program, wall seconds on the real model). Outputs of
+the two runs are compared token for token: reuse must never change a token (doctrine 1).
+
+Scheduling: the requests of one session are issued in turn order, each after its predecessor
+finished; different sessions run concurrently, at most `concurrency` requests in flight, the
+ready request with the earliest timestamp first. Timestamps order requests; they are not waited
+for.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from typing import Iterable, Sequence
+
+FORMATS = ("chat", "marconi")
+RESERVED_TOP_IDS = 16  # the built-in tokenizer's added tokens sit at the top of the vocabulary
+
+
+class TraceError(ValueError):
+    """A malformed trace: names the file, the line and what is wrong with it."""
+
+
+# ---- the two input formats -------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TraceRequest:
+    index: int  # line order
+    session: str
+    turn: int
+    ts: float
+    max_tokens: int | None  # None: the command's --max_tokens
+    prompt_ids: tuple[int, ...] | None = None  # token-level (Marconi)
+    messages: tuple[dict, ...] = ()  # chat-level: messages this request adds to the history
+    tools: tuple[dict, ...] | None = None  # chat-level: the session's tools from here on
+    cache_markers: tuple | None = None
+    reply: dict | None = None  # chat-level: the assistant message appended after the request
+    full_history: bool = False  # chat-level: `messages` is the whole conversation
+    ignore_eos: bool = False  # token-level: generate exactly num_output_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    format: str
+    requests: tuple[TraceRequest, ...]
+    mapped_ids: int = 0  # token ids moved into the vocabulary (token-level traces)
+    output_tokens: tuple[tuple[int, ...], ...] = ()  # token-level: the trace's recorded outputs
+
+    @property
+    def sessions(self) -> int:
+        return len({r.session for r in self.requests})
+
+
+def _need(obj: dict, key: str, kinds: tuple, where: str, optional: bool = False):
+    """obj[key] checked against `kinds` (a bool is not an int here); None when optional and absent."""
+    value = obj.get(key)
+    if value is None:
+        if optional:
+            return None
+        raise TraceError(f"{where}: missing {key!r}")
+    if not isinstance(value, kinds) or isinstance(value, bool):
+        raise TraceError(f"{where}: {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _ids(value, key: str, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in value):
+        raise TraceError(f"{where}: {key!r} must be a list of non-negative integer token ids")
+    return tuple(value)
+
+
+def _chat_request(obj: dict, where: str, index: int) -> TraceRequest:
+    messages = _need(obj, "messages", (list,), where)
+    if not messages or any(not isinstance(m, dict) or "role" not in m for m in messages):
+        raise TraceError(f"{where}: 'messages' must be a non-empty list of messages with a 'role'")
+    tools = _need(obj, "tools", (list,), where, optional=True)
+    markers = _need(obj, "cache_markers", (list,), where, optional=True)
+    reply = obj.get("reply")
+    if isinstance(reply, str):
+        reply = {"role": "assistant", "content": reply}
+    if reply is not None and (not isinstance(reply, dict) or reply.get("role", "assistant") != "assistant"):
+        raise TraceError(f"{where}: 'reply' must be an assistant message or a string")
+    max_tokens = _need(obj, "max_tokens", (int,), where, optional=True)
+    if max_tokens is not None and max_tokens < 1:
+        raise TraceError(f"{where}: 'max_tokens' must be positive")
+    session = obj.get("session")
+    turn = _need(obj, "turn", (int,), where, optional=True)
+    ts = _need(obj, "ts", (int, float), where, optional=True)
+    return TraceRequest(
+        index=index, session=f"line-{index}" if session is None else str(session),
+        turn=index if turn is None else turn, ts=float(index if ts is None else ts), max_tokens=max_tokens,
+        messages=tuple(messages), tools=None if tools is None else tuple(tools),
+        cache_markers=None if markers is None else tuple(markers),
+        reply=None if reply is None else dict(reply, role="assistant"), full_history=bool(obj.get("full_history")))
+
+
+def _marconi_request(obj: dict, where: str, index: int) -> tuple[TraceRequest, tuple[int, ...]]:
+    session = _need(obj, "session_id", (int, str), where)
+    turn = _need(obj, "turn_id", (int,), where)
+    ts = _need(obj, "ts", (int, float), where)
+    prompt = _ids(_need(obj, "input_tokens", (list,), where), "input_tokens", where)
+    output = _ids(obj.get("output_tokens") or [], "output_tokens", where)
+    if not prompt:
+        raise TraceError(f"{where}: 'input_tokens' is empty")
+    n_in = _need(obj, "num_input_tokens", (int,), where, optional=True)
+    if n_in is not None and n_in != len(prompt):
+        raise TraceError(f"{where}: num_input_tokens={n_in} but input_tokens holds {len(prompt)} ids")
+    n_out = _need(obj, "num_output_tokens", (int,), where, optional=True)
+    if n_out is None:
+        n_out = len(output)
+    if n_out < 0 or output and n_out != len(output):
+        raise TraceError(f"{where}: num_output_tokens={n_out} but output_tokens holds {len(output)} ids")
+    req = TraceRequest(index=index, session=str(session), turn=turn, ts=float(ts), max_tokens=max(1, n_out),
+                       prompt_ids=prompt, ignore_eos=True)
+    return req, output
+
+
+def parse_lines(lines: Iterable[str], fmt: str = "auto", name: str = "trace") -> Trace:
+    """Parse JSONL lines (blank lines skipped). `fmt` auto picks by the first request's keys."""
+    if fmt not in ("auto",) + FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r}; choose auto, chat or marconi")
+    requests, outputs = [], []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{name}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{where}: a line must be a JSON object")
+        if fmt == "auto":
+            fmt = "marconi" if "input_tokens" in obj else "chat" if "messages" in obj else fmt
+            if fmt == "auto":
+                raise TraceError(f"{where}: neither a chat request ('messages') nor a Marconi request "
+                                 f"('input_tokens')")
+        if fmt == "chat":
+            requests.append(_chat_request(obj, where, len(requests)))
+        else:
+            req, out = _marconi_request(obj, where, len(requests))
+            requests.append(req)
+            outputs.append(out)
+    if not requests:
+        raise TraceError(f"{name}: no requests")
+    _check_turns(requests, name)
+    return Trace(fmt, tuple(requests), output_tokens=tuple(outputs))
+
+
+def _check_turns(requests: Sequence[TraceRequest], name: str) -> None:
+    seen: dict[str, set] = {}
+    for r in requests:
+        turns = seen.setdefault(r.session, set())
+        if r.turn in turns:
+            raise TraceError(f"{name}: session {r.session!r} has turn {r.turn} twice")
+        turns.add(r.turn)
+
+
+def load_trace(path: str, fmt: str = "auto") -> Trace:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_lines(f, fmt, name=path)
+    except OSError as e:
+        raise TraceError(f"{path}: {e.strerror}") from None
+
+
+def map_into_vocab(trace: Trace, vocab_size: int) -> Trace:
+    """A token-level trace whose ids reach past the vocabulary gets every id mapped to
+    `id % (vocab_size - 16)` (the ordinary range: the top 16 ids are added tokens). Equal ids stay
+    equal, so shared prefixes stay shared; `mapped_ids` counts the ids that changed."""
+    if trace.format != "marconi":
+        return trace
+    top = max(max(r.prompt_ids) for r in trace.requests)
+    top = max([top] + [max(o) for o in trace.output_tokens if o])
+    if top < vocab_size:
+        return trace
+    mod = max(1, vocab_size - RESERVED_TOP_IDS)
+    changed = sum(t != t % mod for r in trace.requests for t in r.prompt_ids)
+    reqs = tuple(dataclasses.replace(r, prompt_ids=tuple(t % mod for t in r.prompt_ids)) for r in trace.requests)
+    outs = tuple(tuple(t % mod for t in o) for o in trace.output_tokens)
+    return dataclasses.replace(trace, requests=reqs, output_tokens=outs, mapped_ids=changed)
+
+
+# ---- assistant replies back into the history ------------------------------------------------------
+def assistant_message(tokenizer, token_ids: Sequence[int]) -> dict:
+    """The generated ids as the assistant message a client sends back next turn: reasoning,
+    content and tool calls parsed from the text with special tokens kept (the template drops
+    the reasoning later, Qwen3-style). Trailing stop tokens are not part of the message."""
+    from ninfer_jax.frontend import FrontendError
+    from ninfer_jax.frontend.output_parser import parse_assistant_output
+
+    ids = list(token_ids)
+    while ids and ids[-1] in tokenizer.eos_token_ids:
+        ids.pop()
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    try:
+        return parse_assistant_output(text).as_message()
+    except FrontendError:
+        return {"role": "assistant", "content": text}
+
+
+# ---- the replay ---------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Outcome:
+    index: int
+    session: str
+    prompt_ids: tuple[int, ...] = ()
+    output_ids: tuple[int, ...] = ()
+    cached_tokens: int = 0
+    ttft_s: float | None = None
+    finish_reason: str = "error"
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class RunResult:
+    outcomes: list[Outcome]  # in issue order
+    stats: dict
+    seconds: float
+    clock: str  # "modelled" | "wall"
+    trace: Trace | None = None  # the trace as replayed (token ids mapped into this vocabulary)
+
+
+class _Flight:
+    """One request in flight: its handle, issue time and first-token time on the run's clock."""
+
+    def __init__(self, req: TraceRequest, handle, t_issue: float):
+        self.req, self.handle, self.t_issue, self.ttft = req, handle, t_issue, None
+
+    def started(self) -> bool:
+        events = getattr(self.handle, "_events", None)  # a delta queued = the first token exists
+        return self.handle.done() or (events is not None and not events.empty())
+
+
+class Replayer:
+    """Drives a manually stepped engine (`Engine(start=False)`) through a trace."""
+
+    def __init__(self, engine, trace: Trace, *, concurrency: int, temperature: float = 0.0, seed: int = 0,
+                 default_max_tokens: int = 32, progress: str | None = None):
+        self.engine, self.trace, self.concurrency = engine, trace, max(1, concurrency)
+        self.temperature, self.seed, self.default_max_tokens = temperature, seed, default_max_tokens
+        self.progress = progress
+        program = engine.program
+        clock = getattr(program, "clock", None)
+        if clock is None:
+            clock = (lambda: program.sim_seconds) if hasattr(program, "sim_seconds") else time.perf_counter
+        self.clock = clock
+        self.clock_kind = "modelled" if hasattr(program, "sim_seconds") else "wall"
+        self.queues: dict[str, list[TraceRequest]] = {}
+        for r in sorted(trace.requests, key=lambda r: (r.turn, r.ts, r.index)):
+            self.queues.setdefault(r.session, []).append(r)
+        self.history: dict[str, list[dict]] = {s: [] for s in self.queues}
+        self.tools: dict[str, tuple | None] = {s: None for s in self.queues}
+        self.busy: set[str] = set()
+        self.session_kw = True  # Engine.submit takes session= once reuse is wired
+
+    # -- issuing
+    def _sampling(self, req: TraceRequest):
+        from ninfer_jax import SamplingParams
+
+        return SamplingParams(temperature=self.temperature, seed=self.seed + req.index, ignore_eos=req.ignore_eos,
+                              max_tokens=req.max_tokens or self.default_max_tokens)
+
+    def _submit(self, req: TraceRequest):
+        rid = f"trace-{req.index}"
+        if req.prompt_ids is not None:
+            if self.session_kw:
+                try:
+                    return self.engine.submit(list(req.prompt_ids), self._sampling(req), request_id=rid,
+                                              session=req.session)
+                except TypeError:
+                    self.session_kw = False
+            return self.engine.submit(list(req.prompt_ids), self._sampling(req), request_id=rid)
+        if req.tools is not None:
+            self.tools[req.session] = req.tools
+        hist = self.history[req.session]
+        hist[:] = list(req.messages) if req.full_history else hist + list(req.messages)
+        tools = self.tools[req.session]
+        return self.engine.submit_chat(list(hist), tools=None if tools is None else list(tools), session=req.session,
+                                       cache_markers=None if req.cache_markers is None else list(req.cache_markers),
+                                       sampling=self._sampling(req), request_id=rid)
+
+    def _ready(self) -> list[TraceRequest]:
+        heads = [q[0] for s, q in self.queues.items() if q and s not in self.busy]
+        return sorted(heads, key=lambda r: (r.ts, r.index))
+
+    # -- finishing
+    def _finish(self, flight: _Flight, outcomes: list[Outcome]) -> None:
+        c = flight.handle.result()
+        ttft = getattr(c, "ttft_s", None)
+        if ttft is None:
+            ttft = flight.ttft
+        out = Outcome(flight.req.index, flight.req.session, tuple(c.prompt_token_ids), tuple(c.token_ids),
+                      c.usage.cached_tokens, ttft, c.finish_reason, c.error)
+        outcomes.append(out)
+        self._after(flight.req, out)
+
+    def _after(self, req: TraceRequest, out: Outcome) -> None:
+        self.busy.discard(req.session)
+        if req.prompt_ids is None:
+            if req.reply is not None:
+                self.history[req.session].append(req.reply)
+            elif out.output_ids and self.engine.tokenizer is not None:
+                self.history[req.session].append(assistant_message(self.engine.tokenizer, out.output_ids))
+
+    def run(self) -> RunResult:
+        from ninfer_jax.errors import NInferError
+        from ninfer_jax.frontend import FrontendError
+
+        start = time.perf_counter()
+        total = len(self.trace.requests)
+        outcomes: list[Outcome] = []
+        flights: list[_Flight] = []
+        while len(outcomes) < total:
+            room = self.concurrency - len(flights)
+            for req in self._ready()[:room] if room > 0 else ():
+                self.queues[req.session].pop(0)
+                self.busy.add(req.session)
+                t = self.clock()
+                try:
+                    flights.append(_Flight(req, self._submit(req), t))
+                except (NInferError, FrontendError) as e:  # refused at the boundary: counted, the session goes on
+                    out = Outcome(req.index, req.session, error=f"{type(e).__name__}: {e}")
+                    outcomes.append(out)
+                    self._after(req, out)
+            if not flights:
+                if any(self.queues.values()) and not self._ready():
+                    raise RuntimeError("trace replay stalled: requests left but none can be issued")
+                continue
+            self.engine.step()
+            now = self.clock()
+            for f in list(flights):
+                if f.ttft is None and f.started():
+                    f.ttft = now - f.t_issue
+                if f.handle.done():
+                    flights.remove(f)
+                    self._finish(f, outcomes)
+                    if self.progress and len(outcomes) % 200 == 0:
+                        print(f"[trace] {self.progress}: {len(outcomes)}/{total} requests", file=sys.stderr)
+        self.engine.check_integrity()
+        return RunResult(outcomes, self.engine.stats(), time.perf_counter() - start, self.clock_kind, self.trace)
+
+
+# ---- engines and the two runs ---------------------------------------------------------------------
+def make_engine(config, program: str):
+    """A manually stepped engine on the real model or the cost-model Program."""
+    from ninfer_jax import Engine
+
+    if program == "sim":
+        from ninfer_jax.sim import SimProgram
+
+        config = dataclasses.replace(config, progress=False)
+        return Engine(config, program=SimProgram(config), start=False)
+    if program != "model":
+        raise ValueError(f"--program must be 'model' or 'sim', got {program!r}")
+    return Engine(config, start=False)
+
+
+def cold_config(config):
+    """The same config with the context cache off, or None where this build cannot turn it off."""
+    try:
+        return dataclasses.replace(config, context_cache=dataclasses.replace(config.context_cache, enabled=False))
+    except TypeError:
+        return None
+
+
+def replay_once(config, program: str, trace: Trace, label: str, **kw) -> RunResult:
+    engine = make_engine(config, program)
+    try:
+        trace = map_into_vocab(trace, engine.program.vocab_size)
+        if trace.mapped_ids and label == "cached run":
+            print(f"[trace] token ids beyond the vocabulary ({engine.program.vocab_size}): every id mapped to "
+                  f"id % {engine.program.vocab_size - RESERVED_TOP_IDS}; {trace.mapped_ids} prompt ids changed",
+                  file=sys.stderr)
+        return Replayer(engine, trace, concurrency=kw.pop("concurrency", None) or config.max_concurrency,
+                        progress=label, **kw).run()
+    finally:
+        engine.close()
+
+
+# ---- figures ------------------------------------------------------------------------------------
+def offline_upper_bound(outcomes: Sequence[Outcome]) -> int:
+    """Prompt tokens reusable with unlimited capacity: for each request the longest prefix any
+    earlier-issued request's prompt and output share (the ledger replay harness's bound)."""
+    from ninfer_jax.bench.cache_replay import upper_bound
+
+    reqs = [{"tokens": o.prompt_ids, "output": o.output_ids} for o in outcomes if o.prompt_ids]
+    return sum(upper_bound(reqs))
+
+
+def _pct(a: float, b: float) -> float:
+    return round(100.0 * a / b, 1) if b else 0.0
+
+
+def _ttft(outcomes: Sequence[Outcome], prefix: str) -> dict:
+    xs = sorted(o.ttft_s for o in outcomes if o.ttft_s is not None)
+    if not xs:
+        return {f"{prefix}ttft_mean_s": None, f"{prefix}ttft_p50_s": None, f"{prefix}ttft_p99_s": None}
+    return {f"{prefix}ttft_mean_s": statistics.fmean(xs), f"{prefix}ttft_p50_s": xs[len(xs) // 2],
+            f"{prefix}ttft_p99_s": xs[min(len(xs) - 1, int(0.99 * len(xs)))]}
+
+
+def _ratio(a, b):
+    return round(a / b, 3) if a is not None and b else None
+
+
+def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: str, cold_disabled: bool) -> dict:
+    ok = [o for o in hot.outcomes if o.prompt_ids]
+    prompt = sum(len(o.prompt_ids) for o in ok)
+    cached = sum(o.cached_tokens for o in ok)
+    bound = offline_upper_bound(hot.outcomes)
+    s = hot.stats
+    fig = {
+        "program": program, "clock": hot.clock, "format": trace.format, "sessions": trace.sessions,
+        "requests": len(trace.requests), "requests_failed": sum(o.finish_reason == "error" for o in hot.outcomes),
+        "token_ids_mapped": trace.mapped_ids,
+        "prompt_tokens": prompt, "cached_tokens": cached, "reuse_pct": _pct(cached, prompt),
+        "upper_bound_tokens": bound, "upper_bound_pct": _pct(bound, prompt),
+        "reuse_of_upper_bound_pct": _pct(cached, bound),
+        "prefill_tokens": s.get("prefill_tokens", 0), "replay_tokens": s.get("replay_tokens", 0),
+        "reused_tokens": s.get("reused_tokens", 0), "cache_hits": s.get("cache_hits", 0),
+        "h2d_bytes": s.get("h2d_bytes", 0), "d2h_bytes": s.get("d2h_bytes", 0),
+        "generated_tokens": s.get("generated_tokens", 0),
+    }
+    fig.update(_ttft(hot.outcomes, ""))
+    fig["seconds_cached_run"] = round(hot.seconds, 2)
+    if cold is not None:
+        fig["cold_cache_disabled"] = cold_disabled
+        fig["cold_prefill_tokens"] = cold.stats.get("prefill_tokens", 0)
+        fig["cold_replay_tokens"] = cold.stats.get("replay_tokens", 0)
+        fig.update(_ttft(cold.outcomes, "cold_"))
+        fig["ttft_mean_cached_over_cold"] = _ratio(fig["ttft_mean_s"], fig["cold_ttft_mean_s"])
+        fig["ttft_p50_cached_over_cold"] = _ratio(fig["ttft_p50_s"], fig["cold_ttft_p50_s"])
+        fig["prefill_cached_over_cold"] = _ratio(fig["prefill_tokens"], fig["cold_prefill_tokens"])
+        fig["outputs_identical"] = outputs_identical(hot, cold)
+        fig["seconds_cold_run"] = round(cold.seconds, 2)
+    return fig
+
+
+def outputs_identical(a: RunResult, b: RunResult) -> bool:
+    """Doctrine 1 on the whole trace: every request produced the same tokens in both runs."""
+    xa = {o.index: (o.prompt_ids, o.output_ids) for o in a.outcomes}
+    xb = {o.index: (o.prompt_ids, o.output_ids) for o in b.outcomes}
+    return xa == xb
+
+
+def run_trace(path: str, config, *, program: str = "model", fmt: str = "auto", cold: bool = True,
+              limit: int | None = None, **kw) -> dict:
+    """Load, replay cached (and cold), and return the figures."""
+    trace = load_trace(path, fmt)
+    if limit:
+        trace = dataclasses.replace(trace, requests=trace.requests[:limit], output_tokens=trace.output_tokens[:limit])
+    print(f"[trace] {path}: {trace.format}, {trace.sessions} sessions, {len(trace.requests)} requests, "
+          f"program={program}", file=sys.stderr)
+    hot = replay_once(config, program, trace, "cached run", **dict(kw))
+    cold_run, disabled = None, False
+    if cold:
+        cfg = cold_config(config)
+        disabled = cfg is not None
+        if cfg is None:
+            print("[trace] this build cannot disable the cache: the cold run uses the same config", file=sys.stderr)
+        cold_run = replay_once(cfg or config, program, trace, "cold run", **dict(kw))
+    return figures(hot.trace, hot, cold_run, program=program, cold_disabled=disabled)
