@@ -20,6 +20,7 @@ from ledger import prefix_index as px
 from ledger.cache_edit import CacheResult, Edit, aliases
 from ledger.cache_state import CacheState, Checkpoint, PointKind, Tier, indexed
 from ledger.errors import InvalidRequest
+from ledger.identity import BLOCK
 from ledger.objects import plan_drop_replica
 from ledger.plan import Refusal
 from ledger.state import DEVICE, HOST, HOST_MEDIUM, KV_PAGES, LedgerState, TxnKind
@@ -109,10 +110,18 @@ class _Facts:
 
     def loss(self, cids: frozenset) -> int:
         """RCL-5: lost coverage of a deleted group, nested points of one history counted once."""
-        if len(cids) == 1:
+        if len(cids) == 1:  # the common case, inline: a lone point with no alias
             (cid,) = cids
-            c = self.cache.checkpoints[cid]
-            return c.frontier - self.fallback(c, cids)
+            cache = self.cache
+            c = cache.checkpoints[cid]
+            ident = c.identity
+            n = len(ident.tokens)
+            k = n // BLOCK
+            key = (k, ident.blocks[k - 1]) if k else (0, b"")
+            if len(cache.index.get(key, ())) > 1 or c.owner[0] not in ("rec", "shared"):
+                return n - self.fallback(c, cids)
+            f = cache.fallback.get(cid, 0)
+            return n - (len(cache.checkpoints[f].identity.tokens) if f else 0)
         pts = sorted((self.cache.checkpoints[c] for c in cids), key=lambda c: -c.frontier)
         tops: list = []  # (top, intervals)
         for c in pts:
