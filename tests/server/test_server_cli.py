@@ -45,8 +45,6 @@ def test_remote_errors_are_reported(guarded):
     srv, _ = guarded
     out = _ninfer("generate", f"--server={srv.address}", "--token_ids=5000", "--token=tok")
     assert out.returncode == 1 and "INVALID_ARGUMENT" in out.stderr and "vocabulary" in out.stderr
-    out = _ninfer("generate", f"--server={srv.address}", "--prompt=x")
-    assert out.returncode == 1 and "UNAUTHENTICATED" in out.stderr
 
 
 def test_bench_serve_reports_ratios_on_the_fake_engine():
