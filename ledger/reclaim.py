@@ -234,6 +234,7 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
     groups: dict = {}  # (frozenset(cids), revoked waiters) -> [objects]
     multi = False
     objects = state.objects
+    cps = cache.checkpoints
     for oid in _candidate_objects(state, cache, gap):
         o = objects.get(oid)
         if o is None:
@@ -255,6 +256,19 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
             continue
         if oid in protect:
             continue  # RCL-8: the applicant's own source is kept
+        hs = o.holders
+        if len(hs) == 1:  # the common case, inline: one plain checkpoint holds it
+            (h,) = hs
+            if h[0] == "ckpt":
+                c = cps.get(h[1])
+                if c is not None and c.kind != PointKind.SNAPSHOT and c.owner[0] != "wait":
+                    key = (frozenset((h[1],)), ())
+                    objs = groups.get(key)
+                    if objs is None:
+                        groups[key] = [o]
+                    else:
+                        objs.append(o)
+                    continue
         got = _holders_ok(o, cache, applicant)
         if got is None:
             excluded += 1
@@ -271,17 +285,23 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
         else:
             objs.append(o)
     snapshots = any(u.snapshot for u in cache.active.values())
+    records = cache.records
     member_groups: dict = {}
     if multi:
         for key in groups:
             for c in key[0]:
                 member_groups.setdefault(c, []).append(key)
-    cps = cache.checkpoints
     for key, objs in groups.items():
         cids, waiters = key
         if len(objs) == 1 and len(cids) == 1 and not waiters and not snapshots:  # the common case, inline
             o = objs[0]
-            h, t = facts.hot(cps[next(iter(cids))], cids)
+            c = cps[next(iter(cids))]
+            kind, okey = c.owner
+            r = records.get(okey) if kind == "rec" else None
+            if r is not None and r.tier != Tier.REUSE:
+                h, t = False, r.demand_time  # RCL-3: a normal-tier owner protects nothing
+            else:
+                h, t = facts.hot(c, cids)
             actions.append(Action("delete", tuple(cids), (o.object_id,), o.host.nbytes if on_host else 1,
                                   (o.host.location,) if on_host else (), facts.loss(cids),
                                   Tier.REUSE if h else Tier.NORMAL, t, o.holders, ()))
@@ -428,10 +448,13 @@ def _rank_key(a: Action, gap_amount: int):
     gap), ties older demand first; reuse by demand time, oldest first."""
     useful = min(a.frees, gap_amount) or 1
     # WAIT-2 / SCH-4: ordinary reclamation first; revocations last, the youngest first.
-    rev = (1, -min(a.revokes)) if a.revokes else (0, 0)
+    if a.revokes:
+        r0, r1 = 1, -min(a.revokes)
+    else:
+        r0 = r1 = 0
     if a.tier == Tier.NORMAL:
-        return (rev, 0, a.loss / useful, a.demand_time, a.kind != "drop_replica", a.cids, a.objects)
-    return (rev, 1, a.demand_time, 0, True, a.cids, a.objects)
+        return (r0, r1, 0, a.loss / useful, a.demand_time, a.kind != "drop_replica", a.cids, a.objects)
+    return (r0, r1, 1, a.demand_time, 0, True, a.cids, a.objects)
 
 
 def _quote(state, cache, gap, applicant, protect, facts) -> Quote:
@@ -512,7 +535,7 @@ def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
         fits_alone = host.fits(arena, allocs, a.offsets)
         useful = min(a.frees, cap) or 1
         base = _rank_key(a, cap)
-        return (a.kind != "drop_replica", base[0], not fits_alone, base[1], a.loss / useful, base[2:])
+        return (a.kind != "drop_replica", base[:2], not fits_alone, base[2], a.loss / useful, base[3:])
 
     ranked = sorted(ok, key=key)
     chosen, offsets, loss = [], [], 0
