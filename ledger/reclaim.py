@@ -227,7 +227,7 @@ def _holders_ok(o, cache: CacheState, applicant: Applicant):
 
 
 def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant, protect: frozenset,
-               facts: _Facts) -> tuple[list, int]:
+               facts: _Facts, keep_content: frozenset = frozenset()) -> tuple[list, int]:
     """RCL-1: the finite action set for this gap, from the objects' real holders."""
     actions, excluded = [], 0
     on_host = gap.pool == HOST
@@ -246,15 +246,17 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
             continue
         if o.leases or (not on_host and o.pins):
             continue  # TXN-1: readers and pins keep the replica
+        if oid in protect and oid not in keep_content:
+            continue  # RCL-8: the applicant's own source is kept where it is
         other = o.device if on_host else o.host
         if other is not None and other.complete:  # HOST-1 / RCL-6: a safe duplicate replica
-            # (even of the applicant's own source: its content stays; BIND-5 hands the Device
-            # slot to the new active identity and keeps the old identity's Host content)
+            # (for `keep_content`, e.g. the StateImage a Fork reads: its content stays; BIND-5
+            # hands the Device slot to the new active identity and keeps the old one on Host)
             actions.append(Action("drop_replica", (), (oid,), o.host.nbytes if on_host else 1,
                                   (o.host.location,) if on_host else (), 0, Tier.NORMAL, 0, o.holders, (),
                                   HOST_MEDIUM if on_host else DEVICE))
             continue
-        if oid in protect:
+        if oid in protect or oid in keep_content:
             continue  # RCL-8: the applicant's own source is kept
         hs = o.holders
         if len(hs) == 1:  # the common case, inline: one plain checkpoint holds it
@@ -457,8 +459,8 @@ def _rank_key(a: Action, gap_amount: int):
     return (r0, r1, 1, a.demand_time, 0, True, a.cids, a.objects)
 
 
-def _quote(state, cache, gap, applicant, protect, facts) -> Quote:
-    actions, excluded = _enumerate(state, cache, gap, applicant, frozenset(protect), facts)
+def _quote(state, cache, gap, applicant, protect, facts, keep_content=frozenset()) -> Quote:
+    actions, excluded = _enumerate(state, cache, gap, applicant, frozenset(protect), facts, keep_content)
     ok = []
     for a in actions:
         if _admissible(a, applicant):
@@ -558,15 +560,20 @@ def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
                  state, cache)
 
 
-def quote(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant, protect=()) -> Quote:
-    """A read-only reclamation quote for one typed gap (RCL-2): takes no reference or lease."""
+def quote(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant, protect=(),
+          keep_content=()) -> Quote:
+    """A read-only reclamation quote for one typed gap (RCL-2): takes no reference or lease.
+
+    `protect`: objects the applicant uses (its own source, RCL-8): never touched. `keep_content`:
+    objects whose content must stay but whose duplicate Device (or Host) replica may go — the
+    StateImage a Fork will read from Host (BIND-5)."""
     if not isinstance(gap, Gap) or not isinstance(applicant, Applicant):
         raise InvalidRequest("quote needs a Gap and an Applicant")
     if gap.pool != HOST:
         state.pool(gap.pool)
     if type(gap.amount) is not int or gap.amount <= 0:
         raise InvalidRequest(f"gap amount must be a positive int, got {gap.amount!r}")
-    return _quote(state, cache, gap, applicant, frozenset(protect), _Facts(state, cache))
+    return _quote(state, cache, gap, applicant, frozenset(protect), _Facts(state, cache), frozenset(keep_content))
 
 
 def gap_order(shortfall_pools) -> list:

@@ -78,17 +78,18 @@ class CacheSim:
         if self.check:
             check_cache(self.state, self.cache)
 
-    def reclaim(self, pools: dict, protect=()) -> bool:
+    def reclaim(self, pools: dict, protect=(), keep_content=()) -> bool:
         """Necessary execution meets a shortfall (RCL-8), State first (RD-8)."""
         done = False
         for pool in gap_order(pools):
             amount = pools[pool]
             if amount <= 0:
                 continue
-            q = quote(self.state, self.cache, Gap(pool, amount), Applicant(ApplicantKind.NECESSARY), protect)
+            q = quote(self.state, self.cache, Gap(pool, amount), Applicant(ApplicantKind.NECESSARY), protect,
+                      keep_content)
             if not q.admitted:
                 q = quote(self.state, self.cache, Gap(pool, amount),
-                          Applicant(ApplicantKind.NECESSARY, revoke_waiters=True), protect)
+                          Applicant(ApplicantKind.NECESSARY, revoke_waiters=True), protect, keep_content)
             if not q.admitted:
                 continue
             self.apply(plan_reclaim(self.state, self.cache, q))
@@ -103,12 +104,12 @@ class CacheSim:
         for step in (plan_submit, plan_complete, plan_publish):
             self.apply(step(self.state, t.generation))
 
-    def _retry(self, make, protect=()):
+    def _retry(self, make, protect=(), keep_content=()):
         for _ in range(4):
             got = make()
             if not isinstance(got, Refusal):
                 return got
-            if got.reason != "shortfall" or not self.reclaim(dict(got.shortfall.pools), protect):
+            if got.reason != "shortfall" or not self.reclaim(dict(got.shortfall.pools), protect, keep_content):
                 return got
         return got
 
@@ -116,9 +117,10 @@ class CacheSim:
     def bind(self, request, ident: InputIdentity, session=None):
         cands = query_sources(self.state, self.cache, SourceQuery(request, ident, session), self.cost)
         for cand in cands:
-            if cand.missing:
+            if cand.missing:  # RCL-8: room for the copy never costs the source itself
+                whole = self.cache.checkpoints[cand.cid].object_ids() if cand.cid in self.cache.checkpoints else ()
                 t = self._retry(lambda: plan_bind_transfer(self.state, self.cache, request, cand),
-                                protect=cand.missing)
+                                protect=tuple(whole) or cand.missing)
                 if isinstance(t, Refusal):
                     continue
                 self.apply(t)
@@ -129,7 +131,11 @@ class CacheSim:
                     continue
             src = self.cache.checkpoints.get(cand.cid)
             protect = src.object_ids() if src is not None else ()
-            got = self._retry(lambda: plan_bind(self.state, self.cache, BindRequest(request, cand, session)), protect)
+            keep = ()
+            if src is not None and cand.takeover not in ("move", "snapshot"):  # BIND-5: a Fork may read
+                protect, keep = src.object_ids()[1:], (src.state,)  # its state from Host
+            got = self._retry(lambda: plan_bind(self.state, self.cache, BindRequest(request, cand, session)), protect,
+                              keep)
             if isinstance(got, Refusal):
                 continue
             self.apply(got)

@@ -184,7 +184,7 @@ def test_bind5_tight_slots_keep_the_old_identity_on_host_and_hand_the_slot_to_th
     res = L.plan_bind(sim.state, sim.cache, L.BindRequest("b", cand, "s2"))
     assert isinstance(res, L.Refusal) and res.reason == "shortfall"
     q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 1), L.Applicant(L.ApplicantKind.NECESSARY),
-                protect=inp.object_ids())
+                protect=inp.object_ids()[1:], keep_content=(inp.state,))
     assert q.chosen[0].kind == "drop_replica" and q.chosen[0].objects == (inp.state,)
     sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
     cand = [c for c in served(sim, toks(128) + [5], req="b", session="s2") if c.cid == inp.cid][0]
