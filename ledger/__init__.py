@@ -113,6 +113,7 @@ from ledger.cache_state import (
 from ledger.capture import (
     CaptureRequest,
     SequenceView,
+    plan_cancel_paused,
     plan_capture,
     plan_clear,
     plan_pause,

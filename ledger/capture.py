@@ -325,6 +325,16 @@ def plan_publish_end(state: LedgerState, cache: CacheState, view: SequenceView, 
     return e.finish("end" if not cancel else "cancel")
 
 
+def plan_cancel_paused(state: LedgerState, cache: CacheState, request: Hashable) -> CacheResult:
+    """A paused request (no writable view) is cancelled or ends: its snapshot and its binding go
+    (BIND-6: optional caches it took over may go; other owners stay valid)."""
+    if request not in cache.active:
+        raise InvalidRequest(f"request {request!r} is not bound")
+    from ledger.identity import identity_of
+
+    return plan_publish_end(state, cache, SequenceView(request, identity_of(()), -1, ()), cancel=True)
+
+
 def plan_pause(state: LedgerState, cache: CacheState, view: SequenceView, *, snapshot: bool) -> CacheResult:
     """PAUSE-2: Snapshot keeps the execution position as the request's own checkpoint (never
     in the index, SRC-5); Replay keeps nothing. Either way the writable view is released and

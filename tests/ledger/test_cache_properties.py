@@ -225,7 +225,7 @@ class CacheMachine(RuleBasedStateMachine):
 
 def _end_paused(sim, req):
     """A paused request is cancelled: it holds no view; only its snapshot and binding go."""
-    return L.plan_publish_end(sim.state, sim.cache, L.SequenceView(req, L.identity_of([]), -1, ()), cancel=True)
+    return L.plan_cancel_paused(sim.state, sim.cache, req)
 
 
 CacheMachine.TestCase.settings = settings(SETTINGS, max_examples=50, stateful_step_count=30)
