@@ -430,7 +430,7 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         "prefill_tokens": s.get("prefill_tokens", 0), "replay_tokens": s.get("replay_tokens", 0),
         "reused_tokens": s.get("reused_tokens", 0), "cache_hits": s.get("cache_hits", 0),
         "h2d_bytes": s.get("h2d_bytes", 0), "d2h_bytes": s.get("d2h_bytes", 0),
-        "generated_tokens": s.get("generated_tokens", 0),
+        "generated_tokens": s.get("generated_tokens", 0), "compilations": s.get("compilations", 0),
     }
     fig.update(_ttft(hot.outcomes, ""))
     fig["seconds_cached_run"] = round(hot.seconds, 2)

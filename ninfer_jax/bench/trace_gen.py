@@ -105,7 +105,8 @@ def chat_sessions(n: int, seed: int, max_context: int = 2048) -> list[list[dict]
 
 def agent_sessions(n: int, seed: int, max_context: int = 2048) -> list[list[dict]]:
     rng = random.Random(seed)
-    toolsets = [[_tool(rng, name) for name in rng.sample(TOOL_NAMES, rng.randint(2, 4))]
+    few = max_context < 1024  # a small context holds one tool definition, not four
+    toolsets = [[_tool(rng, name) for name in rng.sample(TOOL_NAMES, 1 if few else rng.randint(2, 4))]
                 for _ in range(SHARED_PREFIXES)]
     systems = [_text(rng, 20, 50) for _ in range(SHARED_PREFIXES)]
     out = []

@@ -1,0 +1,121 @@
+"""`ninfer trace` end to end on the cost-model Program: a hand-made token-level trace whose
+reuse is known, a synthetic agent trace, and the command line (JSON out, errors)."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ninfer_jax import EngineConfig
+from ninfer_jax.bench import trace as T
+from ninfer_jax.bench import trace_gen
+from trace_helpers import marconi_line, needs_reuse, write_lines
+
+CFG = EngineConfig(max_concurrency=4, max_context=1024, chunk_size=128, progress=False)
+SYSTEM = list(range(100, 300))  # 200 tokens every session opens with
+
+
+@pytest.fixture(scope="module")
+def known(tmp_path_factory):
+    """Two sessions of three turns over a shared 200-token prefix; every turn extends the
+    previous prompt (ids past the vocabulary, so they are mapped)."""
+    lines = []
+    for s in range(2):
+        prompt = SYSTEM + [2000 + s]
+        for turn in range(3):
+            lines.append(marconi_line(s, turn, turn + 0.1 * s, prompt, [5000 + turn] * 4))
+            prompt = prompt + [5000 + turn] * 4 + [3000 + 10 * s + turn] * 20
+    path = write_lines(tmp_path_factory.mktemp("known") / "known.jsonl", lines)
+    return T.run_trace(path, CFG, program="sim", cold=True)
+
+
+def test_known_trace_counts_add_up(known):
+    f = known
+    assert (f["program"], f["clock"], f["format"], f["requests"], f["sessions"]) == ("sim", "modelled", "marconi", 6, 2)
+    assert f["requests_failed"] == 0 and f["token_ids_mapped"] > 0
+    assert f["prompt_tokens"] == 2 * (201 + 225 + 249)
+    assert f["generated_tokens"] == 6 * 4  # ignore_eos: exactly num_output_tokens each
+    assert f["prefill_tokens"] + f["reused_tokens"] == f["prompt_tokens"]
+    assert f["cold_prefill_tokens"] == f["prompt_tokens"] and f["cold_cache_disabled"] in (True, False)
+    assert 0 <= f["cached_tokens"] <= f["upper_bound_tokens"]
+    assert f["outputs_identical"] is True  # reuse never changes a token
+    assert f["ttft_mean_s"] > 0 and f["cold_ttft_mean_s"] > 0
+
+
+def test_known_trace_upper_bound():
+    """The bound, by hand: a later turn shares its predecessor's whole prompt (its E goes on with
+    output tokens the next prompt does not hold); the second session's first turn shares the
+    200-token prefix with the first session's."""
+    lines = []
+    for s in range(2):
+        prompt = SYSTEM + [2000 + s]
+        for turn in range(2):
+            lines.append(marconi_line(s, turn, turn + 0.1 * s, prompt, [1] * 4))
+            prompt = prompt + [9] * 30
+    outs = [T.Outcome(i, str(i // 2), tuple(r.prompt_ids), (1, 1, 1, 1)) for i, r in
+            enumerate(T.parse_lines(lines).requests)]
+    order = [outs[0], outs[2], outs[1], outs[3]]  # issue order: s0t0, s1t0, s0t1, s1t1
+    assert T.offline_upper_bound(order) == 0 + 200 + 201 + 201
+
+
+@needs_reuse
+def test_known_trace_reuses_and_prefills_less_than_cold(known):
+    f = known
+    assert f["cold_cache_disabled"] is True
+    assert f["cached_tokens"] > 0 and f["cache_hits"] > 0
+    assert f["prefill_tokens"] < f["cold_prefill_tokens"]
+    assert f["reuse_of_upper_bound_pct"] >= 50
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    path = tmp_path_factory.mktemp("agent") / "agent.jsonl"
+    trace_gen.write(trace_gen.generate("agent", 6, 3, max_context=1024), str(path))
+    return T.run_trace(str(path), CFG, program="sim", cold=True)
+
+
+def test_agent_trace_replays_whole_and_identical_cached_and_cold(agent):
+    f = agent
+    assert f["format"] == "chat" and f["sessions"] == 6 and f["requests"] >= 12 and f["requests_failed"] == 0
+    assert f["outputs_identical"] is True
+    assert f["prefill_tokens"] + f["reused_tokens"] == f["prompt_tokens"]
+    assert 0 < f["upper_bound_tokens"] < f["prompt_tokens"]
+    assert 0 <= f["cached_tokens"] <= f["upper_bound_tokens"]
+
+
+@needs_reuse
+def test_agent_trace_reuses_across_tool_turns(agent):
+    assert agent["reuse_pct"] > 20 and agent["prefill_cached_over_cold"] < 0.9
+
+
+def _ninfer(*args):
+    return subprocess.run([sys.executable, "-m", "ninfer_jax.cli", *args], capture_output=True, text=True,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+
+
+def test_ninfer_trace_command_prints_one_json_object(tmp_path):
+    path = write_lines(tmp_path / "t.jsonl", [marconi_line("a", 0, 0, [1, 2, 3] * 30, [4, 4]),
+                                              marconi_line("a", 1, 1, [1, 2, 3] * 40, [4, 4])])
+    out = _ninfer("trace", path, "--program=sim", "--json", "--max_concurrency=2", "--max_context=512")
+    assert out.returncode == 0, out.stderr
+    f = json.loads(out.stdout)
+    assert f["requests"] == 2 and f["prompt_tokens"] == 210 and f["outputs_identical"] is True
+    assert f["upper_bound_tokens"] == 90 and "[trace]" in out.stderr and "[trace]" not in out.stdout
+    one = T.run_trace(path, CFG, program="sim", cold=False, limit=1)
+    assert one["requests"] == 1 and "cold_ttft_mean_s" not in one
+
+
+def test_ninfer_trace_errors(tmp_path):
+    from absl import flags
+
+    from ninfer_jax import cli
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    assert cli.cmd_trace([]) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": "x"}\n')
+    assert cli.cmd_trace([str(bad)]) == 2
+    assert cli.cmd_trace([str(tmp_path / "none.jsonl")]) == 2
