@@ -595,21 +595,25 @@ def safely_removable(state: LedgerState, cache: CacheState, c: Checkpoint) -> bo
 def apply_quote(e: Edit, q: Quote) -> None:
     """Apply a quote's chosen actions to an Edit (deletions, duplicate drops, then one batched
     demotion transaction, RCL-7). Waiters revoked here must reselect (WAIT-2)."""
-    demote = []
+    demote, groups = [], []
     for a in q.chosen:
         for hv in a.host_victims:
             _apply_one(e, hv)
         if a.kind == "demote":
             demote.extend(a.objects)
+            groups.append(a.objects)
         else:
             _apply_one(e, a)
     if demote and e.state.transaction is None:
-        got = e.add(plan_begin_transfer(e.state, TransferRequest(TxnKind.DEMOTION, ("reclaim",), tuple(demote),
-                                                                 HOST_MEDIUM, drop_source=True)))
-        if isinstance(got, Refusal):
-            e.note("demotion_refused", got.reason)
-        else:
-            e.note("demotion", got.proof.generation, tuple(demote))
+        # RCL-7: one transaction for the batch; if its reservation fails, the single groups.
+        for objs in [tuple(demote)] + (groups if len(groups) > 1 else []):
+            got = plan_begin_transfer(e.state, TransferRequest(TxnKind.DEMOTION, ("reclaim",), objs, HOST_MEDIUM,
+                                                               drop_source=True))
+            if not isinstance(got, Refusal):
+                e.add(got)
+                e.note("demotion", got.proof.generation, objs)
+                break
+            e.note("demotion_refused", got.reason, objs)
 
 
 def _apply_one(e: Edit, a: Action) -> None:
