@@ -540,22 +540,25 @@ def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
         return (a.kind != "drop_replica", base[:2], not fits_alone, base[2], a.loss / useful, base[3:])
 
     ranked = sorted(ok, key=key)
-    chosen, offsets, loss = [], [], 0
+    chosen, offsets, loss = [], {}, 0
     for a in ranked:
+        new = [o for o in a.offsets if o not in offsets]
+        if not new:
+            continue  # its bytes already leave with a chosen action (no double counting, HOST-2)
         if budgeted and a.loss > 0 and loss + a.loss >= applicant.budget:
             continue  # RCL-11
         chosen.append(a)
-        offsets.extend(a.offsets)
+        offsets.update(dict.fromkeys(new))
         loss += a.loss
-        if host.fits(arena, allocs, offsets):
+        if host.fits(arena, allocs, list(offsets)):
             break
     else:
         return Quote(gap, applicant, tuple(ranked), (), 0, 0, False, excluded, state, cache)  # HOST-2: delete nothing
     for a in reversed(list(chosen)):  # HOST-2: drop actions no longer needed
         rest = [b for b in chosen if b is not a]
-        if host.fits(arena, allocs, [o for b in rest for o in b.offsets]):
+        if host.fits(arena, allocs, list({o: None for b in rest for o in b.offsets})):
             chosen = rest
-    freed = sum(a.frees for a in chosen)
+    freed = sum(arena.used[o] for o in {o: None for b in chosen for o in b.offsets})
     return Quote(gap, applicant, tuple(ranked), tuple(chosen), freed, sum(a.loss for a in chosen), True, excluded,
                  state, cache)
 

@@ -273,3 +273,17 @@ def test_host3_demoted_page_groups_split_to_fit_fragmented_host_space():
     sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
     offsets = sorted(j.dst.location for j in sim.state.transaction.jobs)
     assert offsets == [0, 1024, 3072, 4096]  # one group of four, halved into the two holes
+
+
+def test_host2_shared_references_on_host_are_counted_once():
+    sim = make(host=1 << 16)
+    _finished(sim, "a", toks(150), out=tuple(range(60)))  # input 150 and E 209 share 3 pages
+    ids = sorted({o for c in points(sim) for o in c.object_ids()})
+    sim.state = L.commit(sim.state, L.plan_begin_transfer(sim.state, L.TransferRequest(
+        L.TxnKind.DEMOTION, "t", ids, L.HOST_MEDIUM, drop_source=True)))
+    sim.drive_transaction()  # everything on Host only
+    used = sim.state.arena.used_bytes
+    q = L.quote(sim.state, sim.cache, L.Gap(L.HOST, (1 << 16) - 1024), L.Applicant(L.ApplicantKind.NECESSARY))
+    assert q.admitted and q.freed == used  # nested groups chosen together, each byte once
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+    assert sim.state.arena.used_bytes == 0
