@@ -201,3 +201,16 @@ def test_bind3_points_of_one_history_share_one_kv_directory_without_copies():
     end(sim, v)
     inp, e = points(sim, INPUT)[0], points(sim, END)[0]
     assert dict(inp.kv)[L.MAIN_KV] == dict(e.kv)[L.MAIN_KV][:2]  # same page objects, own coverage
+
+
+def test_ckp4_frontend_frontier_identity_maps_onto_the_ledger_identity():
+    from ninfer_jax.frontend.identity import DigestChain, MediaRange
+
+    tokens = toks(200)
+    chain = DigestChain(tokens, media=[MediaRange(70, 90, "abc")])
+    fi = chain.identity(150)
+    ident = L.from_frontier_identity(fi, execution="tiny/f32")
+    assert ident.tokens == fi.tokens and ident.frontier == 150 and ident.execution == "tiny/f32"
+    assert ident.media == ((70, 90, "image:abc"),)
+    whole = L.from_frontier_identity(chain.identity(200), execution="tiny/f32")
+    assert ident.is_prefix_of(whole) and not ident.is_prefix_of(L.identity_of(tokens, execution="tiny/f32"))
