@@ -94,6 +94,10 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
                         or not state.objects[oid].device.complete) and (in_place or oid != src.state))
         if missing:
             return Refusal("needs_transfer", None, f"objects {missing} have no complete Device replica (TXN-2)")
+        txn = state.transaction
+        if txn is not None and {j.object_id for j in txn.jobs} & set(src.object_ids()):
+            # SRC-5: a source in flight (e.g. leaving Device by a demotion) is waited for, not bound
+            return Refusal("source_busy", None, f"transaction {txn.generation} moves part of checkpoint {src.cid}")
 
     if paused_use is None and cand.rid is not None and cand.takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
         r0 = cache.records.get(cand.rid)
@@ -147,7 +151,7 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
                 return got
             unit = got.proof.allocated[0][2]
             view_state = got.proof.allocated[0][0]
-            if so.device is not None:
+            if so.device is not None and so.device.complete:  # TXN-2: never read a pending replica
                 e.chain.effects.append(CopyUnit(so.pool, so.device.location, unit))
             else:
                 e.chain.effects.append(CopyToDevice(so.host.location, so.pool, unit, so.host.nbytes))

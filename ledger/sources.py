@@ -71,7 +71,8 @@ def _bytes(state: LedgerState, c: Checkpoint, takeover: str) -> tuple[int, int, 
             h2d += o.host.nbytes if o.host is not None else state.pool(o.pool).spec.unit_bytes
             if in_place or oid != c.state:
                 missing.append(oid)  # a forked StateImage is read from Host by the bind itself (BIND-5)
-    if not in_place and state.objects[c.state].device is not None:
+    so = state.objects[c.state]
+    if not in_place and so.device is not None and so.device.complete:
         copy += state.pool(state.objects[c.state].pool).spec.unit_bytes  # BIND-5: state fork
         for pool, pages in c.kv:  # BIND-4: a partial tail page is copied for a writable view
             spec = state.pool(pool).spec

@@ -193,3 +193,19 @@ def test_bind5_tight_slots_keep_the_old_identity_on_host_and_hand_the_slot_to_th
     assert any(isinstance(x, L.CopyToDevice) for x in res.plan.effects)
     sim.apply(res)
     assert inp.cid in sim.cache.checkpoints and sim.state.objects[inp.state].host is not None
+
+
+def test_src5_a_source_in_flight_is_not_bound_the_request_waits():
+    sim = make()
+    _finished(sim, "a", toks(200), out=(1,))
+    (inp,) = points(sim, INPUT)
+    sim.apply(L.plan_begin_transfer(sim.state, L.TransferRequest(
+        L.TxnKind.DEMOTION, "t", [dict(inp.kv)[L.MAIN_KV][0]], L.HOST_MEDIUM, drop_source=True)))
+    cand = [c for c in served(sim, toks(200) + [4], req="b") if c.cid == inp.cid][0]
+    assert cand.blocked
+    res = L.plan_bind(sim.state, sim.cache, L.BindRequest("b", cand))
+    assert isinstance(res, L.Refusal) and res.reason == "source_busy"
+    sim.apply(L.plan_wait(sim.state, sim.cache, "b", cand, ticket=3))  # keeps it and waits (WAIT-1)
+    sim.drive_transaction()
+    cand = [c for c in served(sim, toks(200) + [4], req="b") if c.cid == inp.cid][0]
+    assert not cand.blocked and cand.missing  # now on Host: a bind transaction first
