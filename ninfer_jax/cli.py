@@ -84,13 +84,17 @@ def cmd_bench(args: list[str]) -> int:
     return 0
 
 
+def _parse_token_ids() -> list[int]:
+    try:
+        return [int(t) for t in _TOKEN_IDS.value.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise app.UsageError(f"--token_ids must be comma-separated integers, got {_TOKEN_IDS.value!r}") from None
+
+
 def _prompt(engine):
     """The prompt as token ids (--token_ids) or text (--prompt)."""
     if _TOKEN_IDS.value is not None:
-        try:
-            return [int(t) for t in _TOKEN_IDS.value.replace(" ", "").split(",") if t]
-        except ValueError:
-            raise app.UsageError(f"--token_ids must be comma-separated integers, got {_TOKEN_IDS.value!r}")
+        return _parse_token_ids()
     if engine.tokenizer is None:
         raise app.UsageError(f"{_MODEL.value} ships no tokenizer.json: pass --token_ids")
     return _PROMPT.value
@@ -216,9 +220,7 @@ def cmd_generate(args: list[str]) -> int:
     if _SERVER.value:
         from server.cli_commands import generate_remote
 
-        prompt = _PROMPT.value
-        if _TOKEN_IDS.value is not None:
-            prompt = [int(t) for t in _TOKEN_IDS.value.replace(" ", "").split(",") if t]
+        prompt = _PROMPT.value if _TOKEN_IDS.value is None else _parse_token_ids()
         return generate_remote(_SERVER.value, prompt, _sampling_dict(), token=_TOKEN.value, timeout=_TIMEOUT.value)
     from ninfer_jax import Engine, SamplingParams
     from ninfer_jax.errors import NInferError

@@ -32,6 +32,7 @@ from ledger import MAIN_KV, STATE_POOL, Refusal, UnitDemand, UnitKind
 from ninfer_jax.engine import sampling
 from ninfer_jax.engine.detok import Detokenizer
 from ninfer_jax.engine.request import DECODE, FINISHED, PREFILL, QUEUED, Request, RequestHandle
+from ninfer_jax.engine.reuse import ContextCache, SavePoint
 from ninfer_jax.engine.scheduler import FreshQueue
 from ninfer_jax.engine.types import SamplingParams, TokenDelta, check_prompt
 from ninfer_jax.errors import CapacityError, QueueFullError
@@ -45,6 +46,7 @@ COUNTERS = (
     "generated_tokens", "cache_hits", "h2d_bytes", "d2h_bytes",
     "pauses_replay", "pauses_snapshot", "resumes_replay", "resumes_snapshot",
     "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
+    "captures", "captures_skipped", "reclaims", "full_hits",
 )
 
 
@@ -61,12 +63,16 @@ class EngineCore:
         self.by_id: dict[str, Request] = {}
         self._tickets = itertools.count(1)
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
+        cache_cfg = program.config.context_cache
+        self.reuse = ContextCache(program, self.counters, enabled=cache_cfg.enabled,
+                                  execution=program.execution_tag)
         self.cycle_seconds = 0.0  # wall time in step(), for the overhead figure
         self.compute_seconds = 0.0  # wall time inside the Program's steps
 
     # ---- intake (any thread) ---------------------------------------------------------
     def make_request(self, prompt: Sequence[int], sp: SamplingParams, request_id: str | None,
-                     cancel_fn) -> Request:
+                     cancel_fn, *, saves: Sequence[SavePoint] | None = None, splits: Sequence[int] = (),
+                     session=None) -> Request:
         """Validate at the boundary (doctrine 3) and build the record; nothing is queued yet."""
         prompt = check_prompt(prompt, self.program.vocab_size, self.max_context)
         if len(prompt) >= self.max_context:
@@ -80,9 +86,14 @@ class EngineCore:
         if not sp.ignore_eos:
             stop_ids |= set(self.program.eos_token_ids)
         handle = RequestHandle(rid, cancel_fn)
+        if saves is None:  # a raw prompt: its input end is the recovery position P (REC-6)
+            saves = (SavePoint(len(prompt)),)
+        saves = tuple(sorted((s for s in saves if 0 < s.frontier <= len(prompt)), key=lambda s: s.frontier))
+        splits = tuple(sorted({f for f in splits if 0 < f < len(prompt)} | {s.frontier for s in saves}))
         return Request(ticket=ticket, request_id=rid, prompt=prompt, sampling=sp, seed=seed,
                        max_context=self.max_context, handle=handle,
-                       detok=Detokenizer(self.decode_text, sp.stop), stop_ids=frozenset(stop_ids))
+                       detok=Detokenizer(self.decode_text, sp.stop), stop_ids=frozenset(stop_ids),
+                       saves=saves, splits=splits, session=session, t_submit=self.program.clock())
 
     # ---- the cycle (engine thread) ---------------------------------------------------------
     def has_work(self) -> bool:
@@ -123,6 +134,11 @@ class EngineCore:
             req.error = str(QueueFullError(f"the queue holds {self.max_queue} requests"))
             req.handle._finish(req.completion())
             return
+        if req.request_id in self.by_id:  # cancel is by id: two live requests never share one
+            req.phase, req.finish_reason = FINISHED, "error"
+            req.error = f"request_id {req.request_id!r} is already in use by a running request"
+            req.handle._finish(req.completion())
+            return
         self.by_id[req.request_id] = req
         self.counters["prompt_tokens"] += len(req.prompt)
         self.fresh.push(req)
@@ -146,7 +162,12 @@ class EngineCore:
         return max(0, math.ceil(upto / PAGE) - len(req.pages))
 
     def _chunk(self, req: Request) -> int:
-        return min(self.program.chunk_size, len(req.target) - req.fed)
+        """Tokens of the next prefill chunk: it ends exactly at the next semantic frontier
+        (REC-8), never past the target; a chunk end by itself is never a save (G-6)."""
+        end = len(req.target)
+        if not req.replaying:
+            end = next((f for f in req.splits if f > req.fed), end)
+        return min(self.program.chunk_size, end - req.fed)
 
     def _resident_permits(self) -> dict:
         """RES-3: resident rows by ticket; the oldest always progresses (pausing the young)."""
@@ -166,7 +187,11 @@ class EngineCore:
             plan = ledger.plan_cycle_permits(self.program.state, demands)
             refused = [r for r, got in zip(rows, plan.proof.rows) if isinstance(got, Refusal)]
             if refused and refused[0] is self.residents[0]:
-                # The oldest resident cannot progress: SCH-4, pause the youngest other resident.
+                # The oldest resident cannot progress (SCH-4): optional cache first (RCL-8), then
+                # pause the youngest other resident, and plan again at once (RES-4).
+                got = plan.proof.rows[rows.index(refused[0])]
+                if got.shortfall and self.reuse.reclaim(dict(got.shortfall.pools), protect=refused[0].objects):
+                    continue
                 if len(self.residents) > 1:
                     self._pause(self.residents[-1])
                     continue  # RES-4: plan again at once on the new capacity
@@ -183,14 +208,10 @@ class EngineCore:
                     out["decode"][r] = got
             return out
 
-    def _admission_demand(self, req: Request) -> UnitDemand:
-        kind = UnitKind.REPLAY if req.replaying else UnitKind.PREFILL
-        first = min(self.program.chunk_size, len(req.target))
-        return UnitDemand(req.key, kind, {STATE_POOL: 1, MAIN_KV: self._pages_needed(req, first)})
-
     def _admit(self, take_prefill: bool = True):
-        """Fresh admission from the surplus (RES-3, SCH-2). Returns the prefill turn if one of
-        the admitted requests takes it."""
+        """Fresh admission from the surplus (RES-3, SCH-2): each candidate asks the cache for
+        sources and binds the best it can have. Returns the prefill turn if an admitted
+        request takes it."""
         turn = None
         lanes = self.c - len(self.residents)
         if lanes <= 0 or not len(self.fresh):
@@ -198,34 +219,48 @@ class EngineCore:
 
         def try_admit(req: Request) -> bool:
             nonlocal turn
-            plan = ledger.plan_unit_permit(self.program.state, self._admission_demand(req))
-            if isinstance(plan, Refusal):
-                if not self.residents and req is self.fresh.head():
-                    self._capacity_error(req, plan)  # nothing else holds anything (RES-6)
+            first = min(self.program.chunk_size, len(req.target))
+            bound = self.reuse.bind(req.ticket, req.target, session=req.session, first_unit_tokens=first,
+                                    ticket=req.ticket, resume=req.replaying)
+            if isinstance(bound, Refusal):
+                if not self.residents and req is self.fresh.head() and bound.reason == "shortfall":
+                    self._capacity_error(req, bound)  # nothing else holds anything (RES-6)
                 return False
-            self.program.commit(plan)
-            pid = plan.proof.permits[0]
-            self._bind(req, pid)
-            if turn is None and take_prefill:
-                turn = (req, pid)
-            else:
-                self._settle_permit(req, pid)
+            self._bind(req, bound)
+            if req.phase == PREFILL and turn is None and take_prefill:
+                turn = (req, bound.permit)
+            elif bound.permit is not None and bound.permit in self.program.state.permits:
+                self._settle_permit(req, bound.permit)
             return True
 
         self.fresh.scan(lanes, try_admit)
         return turn
 
-    def _bind(self, req: Request, permit_id: int) -> None:
-        """Give an admitted request its lane and working StateImage slot (seam for BIND-*)."""
-        plan = ledger.plan_allocate(self.program.state, STATE_POOL, 1, req.key, permit_id=permit_id)
-        self.program.commit(plan)
-        (obj, _, unit), = plan.proof.allocated
-        req.slot, req.slot_object = unit, obj
+    def _bind(self, req: Request, bound) -> None:
+        """Adopt the binding the cache gave: lane, StateImage slot, the source's pages (seam of
+        BIND-*); an exact hit of the whole target samples from the continuation hidden."""
+        state = self.program.state
+        req.bound = True
+        req.slot_object, req.slot = bound.state_object, state.objects[bound.state_object].device.location
+        req.page_objects = list(bound.page_objects)
+        req.pages = [state.objects[o].device.location for o in bound.page_objects]
+        req.fed = bound.frontier
+        if not req.replaying:
+            req.cached_tokens = bound.frontier
+            self.counters["cached_tokens"] += bound.frontier
         req.phase = PREFILL
         if req.t_admitted is None:
-            req.t_admitted = time.perf_counter()
+            req.t_admitted = self.program.clock()
         self.residents.append(req)
         self.residents.sort(key=lambda r: r.ticket)
+        if req.fed == len(req.target):
+            req.phase = DECODE
+            if req.replaying:
+                req.replaying = False
+                self.counters["resumes_replay"] += 1
+            elif not req.output:
+                self.counters["full_hits"] += 1
+                self._sample(req, self.program.hidden_logits(req.slot))
 
     def _allocate(self, decode_permits: dict, prefill) -> None:
         grants = list(decode_permits.items())
@@ -271,7 +306,10 @@ class EngineCore:
         self.compute_seconds += time.perf_counter() - t0
         self.counters["prefill_chunks"] += 1
         self.counters["replay_tokens" if req.replaying else "prefill_tokens"] += n
+        lo = req.fed
         req.fed += n
+        if not req.replaying:
+            self._after_prefill(req, lo)
         if req.fed < len(req.target):
             return
         req.phase = DECODE
@@ -281,10 +319,22 @@ class EngineCore:
         else:
             self._sample(req, logits)
 
+    def view(self, req: Request):
+        return self.reuse.view(req.ticket, req.prompt + tuple(req.output), req.fed, req.slot_object, req.page_objects)
+
+    def _after_prefill(self, req: Request, lo: int) -> None:
+        """Report compute demand (HEAT-2) and capture at the semantic frontier the chunk ended
+        on (SAVE-1); a capture that cannot be admitted is skipped, never blocking (SAVE-5)."""
+        frontiers = [s.frontier for s in req.saves]
+        self.reuse.observe(req.ticket, req.target, lo, req.fed, frontiers)
+        for save in req.saves:
+            if save.frontier == req.fed:
+                self.reuse.capture(self.view(req), save)
+
     def _sample(self, req: Request, logits) -> None:
         position = len(req.prompt) + len(req.output)
         token, lp = sampling.sample(logits, req.sampling, req.seed, position, req.prompt, req.output)
-        now = time.perf_counter()
+        now = self.program.clock()
         if req.t_first_token is None:
             req.t_first_token = now
         else:
@@ -303,14 +353,24 @@ class EngineCore:
             self._finish(req, "length")
 
     # ---- ends, pauses and errors ---------------------------------------------------------
-    def _release(self, req: Request) -> None:
-        """Drop every reference the request holds; its lane is free (a recovery opportunity)."""
-        if req.objects:
-            self.program.commit(ledger.plan_drop_holders(self.program.state, req.objects, req.key))
-        live = self.program.state.permits
-        for pid, permit in list(live.items()):
+    def _release(self, req: Request, publish: bool = False) -> None:
+        """End the request's hold: a normal finish publishes E (BIND-6), anything else only
+        releases; its lane is free (a recovery opportunity, SCH-10)."""
+        if req.bound:
+            if req.slot_object is not None:
+                self.reuse.end(self.view(req), publish=publish)
+            else:  # paused: bound to its record, no view (PAUSE-1)
+                self.reuse.end(self.reuse.view(req.ticket, (), 0, None, ()), publish=False)
+            req.bound = False
+        self._drop_permits(req)
+        self._unbind(req)
+
+    def _drop_permits(self, req: Request) -> None:
+        for pid, permit in list(self.program.state.permits.items()):
             if permit.owner == req.key:
                 self._settle_permit(req, pid)
+
+    def _unbind(self, req: Request) -> None:
         req.pages, req.page_objects, req.slot, req.slot_object = [], [], None, None
         req.fed = 0
         if req in self.residents:
@@ -318,9 +378,12 @@ class EngineCore:
         self.fresh.dirty = True
 
     def _pause(self, req: Request) -> None:
-        """Pause by Replay: drop the binding, keep tokens and seed; resume re-prefills
-        `target` and continues exactly where it was (G-5, PAUSE-5)."""
-        self._release(req)
+        """Pause by Replay: release the view, keep tokens, seed and the binding to the record;
+        resume re-prefills what no source covers and continues exactly where it was (G-5,
+        PAUSE-2, PAUSE-5)."""
+        self.reuse.pause(self.view(req))
+        self._drop_permits(req)
+        self._unbind(req)
         req.phase, req.replaying = QUEUED, True
         self.counters["pauses_replay"] += 1
         self.fresh.push(req)
@@ -336,8 +399,7 @@ class EngineCore:
     def _finish(self, req: Request, reason: str) -> None:
         if req.phase == QUEUED:
             self.fresh.remove(req)
-        else:
-            self._release(req)
+        self._release(req, publish=reason in ("stop", "length"))
         req.phase, req.finish_reason = FINISHED, reason
         if reason == "cancelled":
             self.counters["requests_cancelled"] += 1
@@ -354,13 +416,16 @@ class EngineCore:
 
     # ---- integrity (DESIGN.md doctrine 2) ---------------------------------------------------
     def check_integrity(self) -> None:
-        """Recount the ledger from first principles and check every binding against it."""
+        """Recount the ledger and the cache policy from first principles, then check every
+        binding against them (doctrine 2)."""
+        self.reuse.check()  # check_cache: every reference, with the ledger's check_integrity
         recount = self.program.check_integrity()
         state = self.program.state
         held: dict = collections.defaultdict(set)
         for oid, obj in state.objects.items():
             for h in obj.holders:
-                held[h].add(oid)
+                if h[0] == "seq":
+                    held[h].add(oid)
         live = {r.key: r for r in self.residents}
         for key, oids in held.items():
             req = live.get(key)
@@ -380,9 +445,16 @@ class EngineCore:
             raise ledger.IntegrityError(f"permits outstanding between cycles: {sorted(state.permits)}")
         if len(self.residents) > self.c:
             raise ledger.IntegrityError(f"{len(self.residents)} residents for {self.c} lanes")
-        if not self.residents:
+        bound = {r.ticket for r in self.by_id.values() if r.bound}
+        if set(self.reuse.cache.active) != bound:
+            raise ledger.IntegrityError(f"cache binds {sorted(self.reuse.cache.active)}, engine {sorted(bound)}")
+        if not self.residents and not self.reuse.cache.checkpoints and not self.reuse.cache.waiters:
             for pool_id, counts in recount.pools.items():
                 if counts["used"] or counts["reserved"]:
-                    raise ledger.IntegrityError(f"idle engine but pool {pool_id} has {counts}")
+                    raise ledger.IntegrityError(f"idle engine, empty cache, but pool {pool_id} has {counts}")
             if recount.host_used_bytes:
-                raise ledger.IntegrityError(f"idle engine but {recount.host_used_bytes} Host bytes used")
+                raise ledger.IntegrityError(f"idle engine, empty cache, but {recount.host_used_bytes} Host bytes used")
+
+    def clear_cache(self) -> None:
+        """Drop every cached point (no request may be bound)."""
+        self.reuse.clear()

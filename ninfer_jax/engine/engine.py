@@ -20,9 +20,29 @@ from typing import Sequence
 
 from ninfer_jax.config import EngineConfig
 from ninfer_jax.engine.core import EngineCore
+import ledger
+from ledger import PointKind
 from ninfer_jax.engine.request import RequestHandle
+from ninfer_jax.engine.reuse import SavePoint
 from ninfer_jax.engine.types import Completion, SamplingParams
 from ninfer_jax.errors import EngineClosedError, QueueFullError, RequestError
+
+
+def saves_of(rendered) -> list[SavePoint]:
+    """The save points of a rendered chat (SAVE-1): the input recovery point at C, R or P with
+    its typed R kind (REC-3..6), and a shared entry at each resolved marker (SH-1..7); a marker
+    on the recovery frontier shares that capture."""
+    rp = rendered.recovery_position
+    kind = rp.rewrite_point.kind.value if rp.rewrite_point is not None else ledger.InputKind.RAW
+    out = {rp.frontier: SavePoint(rp.frontier, PointKind.INPUT, kind)}
+    for m in rendered.markers:
+        prev = out.get(m.frontier)
+        explicit = bool(m.explicit)
+        if prev is None:
+            out[m.frontier] = SavePoint(m.frontier, None, shared=True, explicit=explicit)
+        else:
+            out[m.frontier] = prev._replace(shared=True, explicit=explicit or (prev.shared and prev.explicit))
+    return [out[f] for f in sorted(out)]
 
 
 class Engine:
@@ -105,14 +125,25 @@ class Engine:
             raise RequestError("prompt: expected text or a sequence of token ids") from None
 
     def submit(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None, *,
-               request_id: str | None = None) -> RequestHandle:
-        """Queue one request; returns at once with its handle."""
+               request_id: str | None = None, session=None, anchors: Sequence[int] = ()) -> RequestHandle:
+        """Queue one raw prompt; returns at once with its handle. Its input end is the recovery
+        position P (REC-6); `anchors` are explicit private anchor frontiers (REC-1, at most 4)."""
+        ids = self._prompt_ids(prompt)
+        saves = [SavePoint(len(ids))] + [SavePoint(int(f), PointKind.ANCHOR) for f in anchors]
+        return self._submit(ids, sampling, request_id, saves=saves, session=session)
+
+    def _submit(self, ids, sampling, request_id, *, saves, splits=(), session=None) -> RequestHandle:
         if self._closed:
             raise EngineClosedError("the engine is closed")
         if len(self.core.fresh) + self.core.inbox.qsize() >= self.config.max_queue:
             raise QueueFullError(f"the queue holds {self.config.max_queue} requests; retry later")
-        req = self.core.make_request(self._prompt_ids(prompt), sampling or SamplingParams(), request_id,
-                                     lambda rid: self._post("cancel", rid))
+        if request_id is not None and request_id in self.core.by_id:
+            raise RequestError(f"request_id {request_id!r} is already in use by a running request")
+        if len([s for s in saves if s.private == PointKind.ANCHOR]) > 4:
+            raise RequestError("anchors: at most 4 explicit private anchors per request (REC-1)")
+        req = self.core.make_request(ids, sampling or SamplingParams(), request_id,
+                                     lambda rid: self._post("cancel", rid), saves=saves, splits=splits,
+                                     session=session)
         self._post("submit", req)
         return req.handle
 
@@ -132,16 +163,24 @@ class Engine:
             self._chat = ChatFrontend(self.tokenizer, max_input_tokens=self.config.max_context - 1)
         return self._chat
 
-    def submit_chat(self, messages: list[dict], *, tools=None, session=None, cache_markers=None,
+    def submit_chat(self, messages: list[dict], *, tools=None, session=None, cache_markers=None, anchors=None,
                     sampling: SamplingParams | None = None, request_id: str | None = None) -> RequestHandle:
-        """Render the conversation with the model's chat template and queue it."""
-        rendered = self._frontend().render_chat(messages, tools=tools, cache_markers=cache_markers)
-        return self.submit(list(rendered.token_ids), sampling, request_id=request_id)
+        """Render the conversation with the model's chat template and queue it. The frontend
+        chooses every frontier the cache saves at: the input recovery point (C or typed R),
+        shared markers (explicit and the automatic one), explicit private anchors."""
+        frontend = self._frontend()
+        rendered = frontend.render_chat(messages, tools=tools, cache_markers=cache_markers)
+        saves = saves_of(rendered)
+        if anchors:
+            marked = frontend.render_chat(messages, tools=tools, cache_markers=anchors, marker_policy="none")
+            saves += [SavePoint(m.frontier, PointKind.ANCHOR) for m in marked.markers]
+        return self._submit(list(rendered.token_ids), sampling, request_id, saves=saves,
+                            splits=rendered.rewrite_execution_frontiers, session=session)
 
     def chat(self, messages: list[dict], tools=None, session=None, cache_markers=None,
-             sampling: SamplingParams | None = None) -> Completion:
+             sampling: SamplingParams | None = None, anchors=None) -> Completion:
         handle = self.submit_chat(messages, tools=tools, session=session, cache_markers=cache_markers,
-                                  sampling=sampling)
+                                  anchors=anchors, sampling=sampling)
         while self._thread is None and not handle.done():
             self.step()
         return handle.result()
@@ -170,6 +209,10 @@ class Engine:
         """Recompute every pool, arena extent, reference and binding from first principles
         (doctrine 2); raises `ledger.IntegrityError` on any disagreement."""
         self._call(self.core.check_integrity)
+
+    def clear_cache(self) -> None:
+        """Drop every cached recovery point (only while no request is running or paused)."""
+        self._call(self.core.clear_cache)
 
     def close(self) -> None:
         """Cancel what is left and stop the loop."""

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Iterator
 
+import ledger
 from ninfer_jax.engine.detok import Detokenizer
 from ninfer_jax.engine.types import Completion, SamplingParams, TokenDelta, TokenLogprob, Usage
 
@@ -75,6 +76,9 @@ class Request:
     handle: RequestHandle
     detok: Detokenizer
     stop_ids: frozenset[int]
+    saves: tuple = ()  # SavePoints from the frontend, by frontier (SAVE-1)
+    splits: tuple[int, ...] = ()  # frontiers where a prefill chunk must end (REC-8)
+    session: object = None
     output: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
     phase: str = QUEUED
@@ -84,12 +88,13 @@ class Request:
     slot: int | None = None
     slot_object: int | None = None
     replaying: bool = False  # rebuilding a dropped binding (Replay, PAUSE-*)
+    bound: bool = False  # the cache policy knows it (bound to a record until it ends, PAUSE-1)
     cancel_requested: bool = False
     cached_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
     text: str = ""
-    t_submit: float = dataclasses.field(default_factory=time.perf_counter)
+    t_submit: float = 0.0  # on the Program's clock
     t_admitted: float | None = None
     t_first_token: float | None = None
     t_last_token: float | None = None
@@ -97,8 +102,8 @@ class Request:
 
     @property
     def key(self) -> tuple:
-        """This request's holder key on ledger objects."""
-        return ("req", self.ticket)
+        """This request's holder key on ledger objects: its active execution (docs/cache_policy.md)."""
+        return ledger.seq_holder(self.ticket)
 
     @property
     def target(self) -> tuple[int, ...]:
@@ -116,4 +121,5 @@ class Request:
             text=self.text, finish_reason=self.finish_reason,
             usage=Usage(prompt_tokens=len(self.prompt), cached_tokens=self.cached_tokens,
                         completion_tokens=len(self.output)),
-            logprobs=tuple(self.logprobs), error=self.error)
+            logprobs=tuple(self.logprobs), error=self.error,
+            ttft_s=None if self.t_first_token is None else self.t_first_token - self.t_submit)

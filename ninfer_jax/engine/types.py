@@ -110,6 +110,7 @@ class Completion:
     usage: Usage
     logprobs: tuple[TokenLogprob, ...] = ()
     error: str | None = None  # set when finish_reason == "error"
+    ttft_s: float | None = None  # submit → first token, on the Program's clock (modelled on SimProgram)
 
 
 def check_prompt(token_ids: Sequence[int], vocab_size: int, max_context: int) -> tuple[int, ...]:

@@ -10,7 +10,9 @@ Buckets: decode rows are padded to 1/2/4/8 (up to C); a prefill chunk is one row
 """
 from __future__ import annotations
 
+import functools
 import sys
+import time
 from typing import NamedTuple, Sequence
 
 import jax
@@ -19,7 +21,7 @@ import numpy as np
 
 import ledger
 from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
-from ninfer_jax.model.model import Model, load_model
+from ninfer_jax.model.model import Model, lm_head, load_model
 from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
 from ninfer_jax.program.stores import ProgramStores
 from ninfer_jax.program.unit_pool import UnitPool
@@ -62,6 +64,9 @@ class Program:
         self.eos_token_ids = tuple(cfg.eos_token_id)
         self.chunk_size = config.chunk_size
         self.decode_buckets = decode_buckets(config.max_concurrency)
+        # State computed under another model, dtype or kernel backend is never adopted (CKP-4).
+        self.execution_tag = f"{config.model}|{config.dtype}|{config.backend}"
+        self._hidden_logits = jax.jit(lm_head)
 
     # ---- facts ----------------------------------------------------------------------
     @property
@@ -77,6 +82,10 @@ class Program:
 
     def check_integrity(self) -> ledger.Recount:
         return self.stores.check_integrity()
+
+    @staticmethod
+    def clock() -> float:
+        return time.perf_counter()
 
     # ---- execution ------------------------------------------------------------------
     def _table(self, pages: Sequence[int]) -> np.ndarray:
@@ -120,6 +129,12 @@ class Program:
                            jnp.asarray(slots))
         return np.asarray(logits[:n])
 
+    def hidden_logits(self, slot: int) -> np.ndarray:
+        """Logits `[V]` from a StateImage's continuation hidden: an exact hit of a whole prompt
+        samples its first token without recomputing anything (DESIGN.md, StateImage)."""
+        hidden = self.stores.pools[ledger.STATE_POOL].tree["hidden"][slot]
+        return np.asarray(self._hidden_logits(self.model.params, hidden))
+
     def warmup(self) -> None:
         """Compile every bucket once, on padding rows that write nothing."""
         if self.config.progress:
@@ -130,4 +145,5 @@ class Program:
         for b in self.decode_buckets:
             self._run("decode", jnp.zeros(b, jnp.int32), jnp.zeros(b, jnp.int32), jnp.zeros((b, p), jnp.int32),
                       jnp.full(b, -1, jnp.int32))
+        self.hidden_logits(0)
         jax.block_until_ready(self.stores.pools[ledger.STATE_POOL].tree)

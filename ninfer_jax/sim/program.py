@@ -48,6 +48,7 @@ class SimProgram:
         self.cost = cost
         self.sim_seconds = 0.0
         self.compilations = 0
+        self.execution_tag = f"sim|{config.model}|{config.dtype}"
 
     @property
     def state(self) -> ledger.LedgerState:
@@ -61,6 +62,14 @@ class SimProgram:
 
     def warmup(self) -> None:
         pass
+
+    def clock(self) -> float:
+        """Modelled seconds: the engine's event times (TTFT...) are on this clock."""
+        return self.sim_seconds
+
+    def hidden_logits(self, slot: int) -> np.ndarray:
+        self.sim_seconds += self.cost.decode_fixed
+        return self._logits(slot, 0)
 
     def _logits(self, token: int, position: int) -> np.ndarray:
         out = np.zeros(self.vocab_size, np.float32)

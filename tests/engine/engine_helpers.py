@@ -26,7 +26,10 @@ def run_until_done(engine: Engine, handles, check_every_cycle: bool = True, max_
 
 
 def assert_idle_and_empty(engine: Engine) -> None:
-    """Every pool and the arena are empty once all requests ended (doctrine 2)."""
+    """Every pool and the arena are empty once all requests ended and the cache is cleared
+    (doctrine 2)."""
+    engine.check_integrity()
+    engine.clear_cache()
     engine.check_integrity()
     recount = engine.program.check_integrity()
     for pool, counts in recount.pools.items():

@@ -28,11 +28,13 @@ def test_batched_equals_alone(tiny_model, c, chunk):
     handles = [engine.submit(p, sp) for p, sp in work]
     run_until_done(engine, handles)
     together = [h.result() for h in handles]
+    engine.clear_cache()  # alone runs start cold too: this test is about batching, not reuse
     alone = []
     for p, sp in work:
         h = engine.submit(p, sp)
         run_until_done(engine, [h], check_every_cycle=False)
         alone.append(h.result())
+        engine.clear_cache()
     for t, a in zip(together, alone):
         assert t.token_ids == a.token_ids
         assert t.finish_reason == a.finish_reason

@@ -74,6 +74,7 @@ def test_pause_by_replay_keeps_outputs(tiny_model):
     assert stats["pauses_replay"] >= 1 and stats["resumes_replay"] >= 1
     assert stats["replay_tokens"] > 0
     for (p, sp), h in zip(work, handles):
+        engine.clear_cache()
         alone = engine.submit(p, sp)
         run_until_done(engine, [alone], check_every_cycle=False)
         assert h.result().token_ids == alone.result().token_ids
