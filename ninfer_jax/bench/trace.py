@@ -389,13 +389,18 @@ def replay_once(config, program: str, trace: Trace, label: str, **kw) -> RunResu
 
 
 # ---- figures ------------------------------------------------------------------------------------
-def offline_upper_bound(outcomes: Sequence[Outcome]) -> int:
+def offline_upper_bound(outcomes: Sequence[Outcome], within_sessions: bool = False) -> int:
     """Prompt tokens reusable with unlimited capacity: for each request the longest prefix any
-    earlier-issued request's prompt and output share (the ledger replay harness's bound)."""
+    earlier-issued request's prompt and output share (the ledger replay harness's bound);
+    `within_sessions` counts only earlier requests of the same session."""
     from ninfer_jax.bench.cache_replay import upper_bound
 
-    reqs = [{"tokens": o.prompt_ids, "output": o.output_ids} for o in outcomes if o.prompt_ids]
-    return sum(upper_bound(reqs))
+    groups: dict[str, list[dict]] = {}
+    for o in outcomes:
+        if o.prompt_ids:
+            groups.setdefault(o.session if within_sessions else "", []).append(
+                {"tokens": o.prompt_ids, "output": o.output_ids})
+    return sum(sum(upper_bound(reqs)) for reqs in groups.values())
 
 
 def _pct(a: float, b: float) -> float:
@@ -426,6 +431,7 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         "token_ids_mapped": trace.mapped_ids,
         "prompt_tokens": prompt, "cached_tokens": cached, "reuse_pct": _pct(cached, prompt),
         "upper_bound_tokens": bound, "upper_bound_pct": _pct(bound, prompt),
+        "upper_bound_within_sessions_tokens": offline_upper_bound(hot.outcomes, within_sessions=True),
         "reuse_of_upper_bound_pct": _pct(cached, bound),
         "prefill_tokens": s.get("prefill_tokens", 0), "replay_tokens": s.get("replay_tokens", 0),
         "reused_tokens": s.get("reused_tokens", 0), "cache_hits": s.get("cache_hits", 0),

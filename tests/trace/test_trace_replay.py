@@ -141,6 +141,8 @@ def test_offline_upper_bound_on_a_hand_made_trace():
         _outcome(4, [1, 2, 3, 4, 5, 9, 1], [2]),  # request 1's E is its whole prompt + [1][:-1]
     ]
     assert T.offline_upper_bound(outs) == 0 + 5 + 2 + 0 + 6
+    outs[1].session = outs[3].session = "t"  # other sessions: 1 and 3 share only with each other
+    assert T.offline_upper_bound(outs, within_sessions=True) == 0 + 0 + 2 + 0 + 5
     failed = T.Outcome(9, "s")  # refused requests have no prompt and do not count
     assert T.offline_upper_bound(outs[:2] + [failed]) == 5
 
@@ -155,10 +157,11 @@ def test_figures_relate_reuse_to_the_bound_and_cached_ttft_to_cold():
     assert (f["prompt_tokens"], f["cached_tokens"], f["upper_bound_tokens"]) == (10, 4, 5)
     assert f["reuse_pct"] == 40.0 and f["reuse_of_upper_bound_pct"] == 80.0 and f["upper_bound_pct"] == 50.0
     assert f["ttft_mean_s"] == 1.5 and f["cold_ttft_mean_s"] == 2.5 and f["ttft_mean_cached_over_cold"] == 0.6
-    assert f["prefill_cached_over_cold"] == 0.6 and f["outputs_identical"] is True
+    assert f["prefill_cached_over_cold"] == 0.6 and f["outputs_identical"] is True and f["outputs_differing"] == 0
     assert (f["h2d_bytes"], f["d2h_bytes"], f["requests"], f["sessions"]) == (10, 20, 2, 1)
     cold.outcomes[1] = _outcome(1, [1, 2, 3, 4, 5, 9], [2], 0, 3.0)
-    assert T.figures(tr, hot, cold, program="sim", cold_disabled=True)["outputs_identical"] is False
+    f = T.figures(tr, hot, cold, program="sim", cold_disabled=True)
+    assert f["outputs_identical"] is False and f["outputs_differing"] == 1
     assert "cold_ttft_mean_s" not in T.figures(tr, hot, None, program="sim", cold_disabled=False)
 
 
