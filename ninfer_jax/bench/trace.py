@@ -250,11 +250,8 @@ class Replayer:
         self.engine, self.trace, self.concurrency = engine, trace, max(1, concurrency)
         self.temperature, self.seed, self.default_max_tokens = temperature, seed, default_max_tokens
         self.progress = progress
-        program = engine.program
-        clock = getattr(program, "clock", None)
-        if clock is None:
-            clock = (lambda: program.sim_seconds) if hasattr(program, "sim_seconds") else time.perf_counter
-        self.clock = clock
+        program = engine.program  # the Program's clock: modelled seconds on SimProgram, wall seconds otherwise
+        self.clock = getattr(program, "clock", None) or time.perf_counter
         self.clock_kind = "modelled" if hasattr(program, "sim_seconds") else "wall"
         self.queues: dict[str, list[TraceRequest]] = {}
         for r in sorted(trace.requests, key=lambda r: (r.turn, r.ts, r.index)):
@@ -262,7 +259,6 @@ class Replayer:
         self.history: dict[str, list[dict]] = {s: [] for s in self.queues}
         self.tools: dict[str, tuple | None] = {s: None for s in self.queues}
         self.busy: set[str] = set()
-        self.session_kw = True  # Engine.submit takes session= once reuse is wired
 
     # -- issuing
     def _sampling(self, req: TraceRequest):
@@ -274,13 +270,7 @@ class Replayer:
     def _submit(self, req: TraceRequest):
         rid = f"trace-{req.index}"
         if req.prompt_ids is not None:
-            if self.session_kw:
-                try:
-                    return self.engine.submit(list(req.prompt_ids), self._sampling(req), request_id=rid,
-                                              session=req.session)
-                except TypeError:
-                    self.session_kw = False
-            return self.engine.submit(list(req.prompt_ids), self._sampling(req), request_id=rid)
+            return self.engine.submit(list(req.prompt_ids), self._sampling(req), request_id=rid, session=req.session)
         if req.tools is not None:
             self.tools[req.session] = req.tools
         hist = self.history[req.session]
@@ -437,6 +427,8 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         "reused_tokens": s.get("reused_tokens", 0), "cache_hits": s.get("cache_hits", 0),
         "h2d_bytes": s.get("h2d_bytes", 0), "d2h_bytes": s.get("d2h_bytes", 0),
         "generated_tokens": s.get("generated_tokens", 0), "compilations": s.get("compilations", 0),
+        "mean_decode_rows": _ratio(s.get("generated_tokens", 0), s.get("decode_steps", 0)),
+        "pauses": s.get("pauses_replay", 0) + s.get("pauses_snapshot", 0),
     }
     fig.update(_ttft(hot.outcomes, ""))
     fig["seconds_cached_run"] = round(hot.seconds, 2)
@@ -444,6 +436,7 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         fig["cold_cache_disabled"] = cold_disabled
         fig["cold_prefill_tokens"] = cold.stats.get("prefill_tokens", 0)
         fig["cold_replay_tokens"] = cold.stats.get("replay_tokens", 0)
+        fig["cold_mean_decode_rows"] = _ratio(cold.stats.get("generated_tokens", 0), cold.stats.get("decode_steps", 0))
         fig.update(_ttft(cold.outcomes, "cold_"))
         fig["ttft_mean_cached_over_cold"] = _ratio(fig["ttft_mean_s"], fig["cold_ttft_mean_s"])
         fig["ttft_p50_cached_over_cold"] = _ratio(fig["ttft_p50_s"], fig["cold_ttft_p50_s"])

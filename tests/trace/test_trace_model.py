@@ -10,7 +10,7 @@ import pytest
 
 from ninfer_jax import EngineConfig
 from ninfer_jax.bench import trace as T
-from trace_helpers import needs_reuse, write_lines
+from trace_helpers import write_lines
 
 SMALL = dict(max_concurrency=1, max_context=512)
 
@@ -43,7 +43,6 @@ def test_real_model_trace_runs_every_request(real):
     assert 0 <= f["cached_tokens"] <= f["upper_bound_tokens"]
 
 
-@needs_reuse
 def test_real_model_trace_reuses_earlier_turns(real):
     assert real["cached_tokens"] > 0 and real["cache_hits"] > 0 and real["reuse_of_upper_bound_pct"] >= 30
 
@@ -73,7 +72,6 @@ def test_chat_reads_one_user_message_per_line_and_reports_each_turn(conversation
     assert out.stdout.strip() and "[ninfer]" not in out.stdout
 
 
-@needs_reuse
 def test_chat_later_turns_are_served_from_the_cache(conversation):
     _, turns = conversation
     assert all(t[2] > 0 for t in turns[1:])

@@ -31,6 +31,7 @@ class ScriptedEngine:
 
     def __init__(self, steps=3):
         self.program = SimpleNamespace(sim_seconds=0.0, vocab_size=1024)
+        self.program.clock = lambda: self.program.sim_seconds  # modelled, as SimProgram's
         self.steps, self.live, self.log, self.max_live, self.chats = steps, [], [], 0, []
 
     def submit(self, prompt, sampling, request_id=None, session=None):
@@ -150,7 +151,8 @@ def test_offline_upper_bound_on_a_hand_made_trace():
 def test_figures_relate_reuse_to_the_bound_and_cached_ttft_to_cold():
     tr = T.parse_lines([marconi_line("s", 0, 0, [1, 2, 3, 4], [5, 6]), marconi_line("s", 1, 1, [1, 2, 3, 4, 5, 9], [1])])
     hot = T.RunResult([_outcome(0, [1, 2, 3, 4], [5, 6], 0, 2.0), _outcome(1, [1, 2, 3, 4, 5, 9], [1], 4, 1.0)],
-                      {"prefill_tokens": 6, "reused_tokens": 4, "h2d_bytes": 10, "d2h_bytes": 20}, 1.0, "modelled", tr)
+                      {"prefill_tokens": 6, "reused_tokens": 4, "h2d_bytes": 10, "d2h_bytes": 20, "generated_tokens": 3,
+                       "decode_steps": 2, "pauses_replay": 1}, 1.0, "modelled", tr)
     cold = T.RunResult([_outcome(0, [1, 2, 3, 4], [5, 6], 0, 2.0), _outcome(1, [1, 2, 3, 4, 5, 9], [1], 0, 3.0)],
                        {"prefill_tokens": 10}, 1.0, "modelled", tr)
     f = T.figures(tr, hot, cold, program="sim", cold_disabled=True)
@@ -159,6 +161,7 @@ def test_figures_relate_reuse_to_the_bound_and_cached_ttft_to_cold():
     assert f["ttft_mean_s"] == 1.5 and f["cold_ttft_mean_s"] == 2.5 and f["ttft_mean_cached_over_cold"] == 0.6
     assert f["prefill_cached_over_cold"] == 0.6 and f["outputs_identical"] is True and f["outputs_differing"] == 0
     assert (f["h2d_bytes"], f["d2h_bytes"], f["requests"], f["sessions"]) == (10, 20, 2, 1)
+    assert f["mean_decode_rows"] == 1.5 and f["pauses"] == 1 and f["cold_mean_decode_rows"] is None
     cold.outcomes[1] = _outcome(1, [1, 2, 3, 4, 5, 9], [2], 0, 3.0)
     f = T.figures(tr, hot, cold, program="sim", cold_disabled=True)
     assert f["outputs_identical"] is False and f["outputs_differing"] == 1

@@ -1,15 +1,5 @@
-"""Shared bits of the trace tests: whether the engine's reuse wiring is present, and a tiny
-hand-made Marconi trace."""
-import dataclasses
+"""Shared bits of the trace tests: hand-made Marconi lines and trace files."""
 import json
-
-import pytest
-
-from ninfer_jax import ContextCacheConfig
-
-# The context-reuse wiring brings ContextCacheConfig(enabled=...); before it, cached_tokens is 0.
-REUSE_WIRED = "enabled" in {f.name for f in dataclasses.fields(ContextCacheConfig)}
-needs_reuse = pytest.mark.xfail(not REUSE_WIRED, strict=False, reason="engine reuse wiring not landed")
 
 
 def marconi_line(session, turn, ts, prompt, output, **over) -> str:
