@@ -125,12 +125,22 @@ class Engine:
             raise RequestError("prompt: expected text or a sequence of token ids") from None
 
     def submit(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None, *,
-               request_id: str | None = None, session=None, anchors: Sequence[int] = ()) -> RequestHandle:
+               request_id: str | None = None, session=None, anchors: Sequence[int] = (),
+               markers: Sequence[int] = ()) -> RequestHandle:
         """Queue one raw prompt; returns at once with its handle. Its input end is the recovery
-        position P (REC-6); `anchors` are explicit private anchor frontiers (REC-1, at most 4)."""
+        position P (REC-6); `anchors` are explicit private anchor frontiers (REC-1, at most 4),
+        `markers` token frontiers for shared entries (SH-1, at most 4)."""
         ids = self._prompt_ids(prompt)
-        saves = [SavePoint(len(ids))] + [SavePoint(int(f), PointKind.ANCHOR) for f in anchors]
-        return self._submit(ids, sampling, request_id, saves=saves, session=session)
+        if len(set(markers)) > 4:
+            raise RequestError("markers: at most 4 shared markers per request (SH-2)")
+        saves = {len(ids): SavePoint(len(ids))}
+        for f in anchors:
+            saves[int(f)] = SavePoint(int(f), PointKind.ANCHOR)
+        for f in markers:
+            prev = saves.get(int(f))
+            saves[int(f)] = (prev._replace(shared=True) if prev is not None
+                             else SavePoint(int(f), None, shared=True))
+        return self._submit(ids, sampling, request_id, saves=list(saves.values()), session=session)
 
     def _submit(self, ids, sampling, request_id, *, saves, splits=(), session=None) -> RequestHandle:
         if self._closed:
