@@ -14,6 +14,16 @@ BENCHES = {
 }
 
 
+def int_arg(argv: list[str], name: str, default: int) -> int:
+    """`--name=N` or `--name N` among a benchmark's own arguments, else `default`."""
+    for i, a in enumerate(argv):
+        if a.startswith(f"--{name}="):
+            return int(a.split("=", 1)[1])
+        if a == f"--{name}" and i + 1 < len(argv):
+            return int(argv[i + 1])
+    return default
+
+
 def load(name: str):
     if name not in BENCHES:
         raise KeyError(f"unknown benchmark {name!r}; choose one of {sorted(BENCHES)}")

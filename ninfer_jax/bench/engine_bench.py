@@ -20,17 +20,9 @@ from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
 from ninfer_jax.model import builtin
 from ninfer_jax.model.model import load_model
 from ninfer_jax.program.program import Program
+from ninfer_jax.bench import int_arg
 
 LANES = (1, 4, 8)
-
-
-def _arg(argv: list[str], name: str, default: int) -> int:
-    for i, a in enumerate(argv):
-        if a.startswith(f"--{name}="):
-            return int(a.split("=", 1)[1])
-        if a == f"--{name}" and i + 1 < len(argv):
-            return int(argv[i + 1])
-    return default
 
 
 def _pct(values, q) -> float:
@@ -80,8 +72,8 @@ def _one(model, c: int, per_lane: int, max_tokens: int) -> dict:
 
 
 def run(argv: list[str]) -> dict:
-    per_lane = _arg(argv, "requests_per_lane", 4)
-    max_tokens = _arg(argv, "max_tokens", 32)
+    per_lane = int_arg(argv, "requests_per_lane", 4)
+    max_tokens = int_arg(argv, "max_tokens", 32)
     model = load_model(builtin.NAME)
     figures = {"model": builtin.NAME, "max_tokens": max_tokens, "requests_per_lane": per_lane}
     for c in LANES:

@@ -22,18 +22,10 @@ import numpy as np
 from ninfer_jax.model import builtin
 from ninfer_jax.model.model import load_model
 from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+from ninfer_jax.bench import int_arg
 
 ROWS = (1, 2, 4, 8)
 CHUNK = 64
-
-
-def _arg(argv: list[str], name: str, default: int) -> int:
-    for i, a in enumerate(argv):
-        if a.startswith(f"--{name}="):
-            return int(a.split("=", 1)[1])
-        if a == f"--{name}" and i + 1 < len(argv):
-            return int(argv[i + 1])
-    return default
 
 
 def _say(msg: str) -> None:
@@ -166,8 +158,8 @@ def _transformers(prompt: np.ndarray, decode_steps: int) -> dict:
 
 
 def run(argv: list[str]) -> dict:
-    prompt_len = _arg(argv, "prompt_len", 256)
-    decode_steps = _arg(argv, "decode_steps", 32)
+    prompt_len = int_arg(argv, "prompt_len", 256)
+    decode_steps = int_arg(argv, "decode_steps", 32)
     prompt = np.random.default_rng(0).integers(0, 1000, prompt_len).astype(np.int32)
     figures = {"model": builtin.NAME, "backend": "xla", "device": jax.devices()[0].platform,
                "prompt_len": prompt_len, "decode_steps": decode_steps}

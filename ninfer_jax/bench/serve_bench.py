@@ -19,14 +19,7 @@ import subprocess
 import sys
 import time
 
-
-def _arg(argv: list[str], name: str, default: int) -> int:
-    for i, a in enumerate(argv):
-        if a.startswith(f"--{name}="):
-            return int(a.split("=", 1)[1])
-        if a == f"--{name}" and i + 1 < len(argv):
-            return int(argv[i + 1])
-    return default
+from ninfer_jax.bench import int_arg
 
 
 def _say(msg: str) -> None:
@@ -56,11 +49,11 @@ def run(argv: list[str]) -> dict:
     from server import loadgen
     from server.testing import FakeEngine, running_server
 
-    n = _arg(argv, "requests", 64)
-    concurrency = _arg(argv, "concurrency", 8)
-    prompt_len = _arg(argv, "prompt_len", 32)
-    max_tokens = _arg(argv, "max_tokens", 16)
-    lanes = _arg(argv, "max_concurrency", 4)
+    n = int_arg(argv, "requests", 64)
+    concurrency = int_arg(argv, "concurrency", 8)
+    prompt_len = int_arg(argv, "prompt_len", 32)
+    max_tokens = int_arg(argv, "max_tokens", 16)
+    lanes = int_arg(argv, "max_concurrency", 4)
     fake = "--fake" in argv
     same_process = "--same_process" in argv
     max_context = max(256, prompt_len + max_tokens + 1)
