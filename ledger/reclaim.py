@@ -428,10 +428,32 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
             budget = wb.budget if applicant.demand_time else min(wb.budget, applicant.budget)
             wb = wb._replace(budget=budget, demand_time=both_demand, tier=min(wb.tier, applicant.tier))
         q = _quote(state, cache, Gap(HOST, need.size, (need,)), wb, protect | set(group), facts)
-        if q.admitted:
-            out.append(Action("demote", (c.cid,), tuple(group), len(group), (), q.loss, tier, demand, holders, (),
-                              DEVICE, q.chosen))
+        if not q.admitted:
+            continue
+        victims = tuple(v._replace(objects=_all_freed(state, cache, v)) for v in q.chosen)
+        if any(set(v.objects) & set(group) for v in victims):
+            continue  # a victim deletion would take the very pages being demoted
+        out.append(Action("demote", (c.cid,), tuple(group), len(group), (), q.loss, tier, demand, holders, (),
+                          DEVICE, victims))
     return out
+
+
+def _all_freed(state: LedgerState, cache: CacheState, a: Action) -> tuple:
+    """Every object (any pool or medium) a deletion would free or a replica drop would touch:
+    a Host victim must not free what the same batch moves (RCL-5, RCL-7)."""
+    if a.kind != "delete":
+        return a.objects
+    gone = {("ckpt", cid) for cid in a.cids} | {("wait", r) for r in a.waiters}
+    out = set(a.objects)
+    for cid in a.cids:
+        c = cache.checkpoints.get(cid)
+        if c is None:
+            continue
+        for oid in c.object_ids():
+            o = state.objects.get(oid)
+            if o is not None and o.holders <= gone and not o.leases and not o.pins:
+                out.add(oid)
+    return tuple(sorted(out))
 
 
 def _admissible(a: Action, ap: Applicant) -> bool:

@@ -98,11 +98,11 @@ class CacheSim:
         return done
 
     def drive_transaction(self) -> None:
-        t = self.state.transaction
-        if t is None:
-            return
-        for step in (plan_submit, plan_complete, plan_publish):
-            self.apply(step(self.state, t.generation))
+        steps = {"reserved": plan_submit, "submitted": plan_complete, "completed": plan_publish,
+                 "cancelling": plan_complete}  # from whatever phase it is in (TXN-1)
+        while self.state.transaction is not None:
+            t = self.state.transaction
+            self.apply(steps[t.phase](self.state, t.generation))
 
     def _retry(self, make, protect=(), keep_content=()):
         for _ in range(4):

@@ -142,6 +142,30 @@ class CacheMachine(RuleBasedStateMachine):
         if cands:
             self.sim.apply(L.plan_wait(self.sim.state, self.sim.cache, req, cands[0], ticket=ticket))
 
+    @precondition(lambda self: self.sim.state.transaction is None and self.sim.cache.checkpoints)
+    @rule(i=st.integers(0, 999), n=st.integers(1, 3), to_host=st.booleans())
+    def begin_transfer(self, i, n, to_host):
+        """A Host demotion (or a bind read-back) left in flight across later steps (TXN-1)."""
+        cps = sorted(self.sim.cache.checkpoints)
+        c = self.sim.cache.checkpoints[cps[i % len(cps)]]
+        objs = self.sim.state.objects
+        if to_host:
+            ids = [o for o in c.object_ids() if objs[o].device is not None and objs[o].host is None][:n]
+            req = L.TransferRequest(L.TxnKind.DEMOTION, "mover", ids, L.HOST_MEDIUM, drop_source=True)
+        else:
+            ids = [o for o in c.object_ids() if objs[o].device is None][:n]
+            req = L.TransferRequest(L.TxnKind.BIND, "mover", ids, L.DEVICE)
+        if ids:
+            self._apply(L.plan_begin_transfer(self.sim.state, req))
+
+    @precondition(lambda self: self.sim.state.transaction is not None)
+    @rule()
+    def advance_transfer(self):
+        t = self.sim.state.transaction
+        step = {"reserved": L.plan_submit, "submitted": L.plan_complete, "completed": L.plan_publish,
+                "cancelling": L.plan_complete}[t.phase]
+        self.sim.apply(step(self.sim.state, t.generation))
+
     @precondition(lambda self: self.sim.cache.waiters)
     @rule(i=st.integers(0, 9))
     def release_wait(self, i):
@@ -186,8 +210,7 @@ class CacheMachine(RuleBasedStateMachine):
                      or (not ap.revoke_waiters and any(h[0] == "wait" for h in o.holders))}
         self.sim.apply(res)
         STATS["admitted"] += 1
-        self.sim.drive_transaction()
-        after = self.sim.state.objects
+        after = self.sim.state.objects  # checked at the reclaim's own commit
         for oid in protected:
             assert oid in after, f"protected object {oid} was freed"
             before_o = s.objects[oid]
@@ -195,6 +218,8 @@ class CacheMachine(RuleBasedStateMachine):
                 for lid in before_o.leases:
                     lease = s.leases[lid]
                     assert after[oid].replica(lease.medium) is not None, "a leased replica was dropped"
+        if self.sim.state.transaction is not None and self.sim.state.transaction.owner == ("reclaim",):
+            self.sim.drive_transaction()
         chosen = {cid for a in q.chosen for cid in a.cids if a.kind == "delete"}
         chosen |= {cid for a in q.chosen for v in a.host_victims for cid in v.cids}
         deleted = set(c.checkpoints) - set(self.sim.cache.checkpoints)
@@ -216,7 +241,8 @@ class CacheMachine(RuleBasedStateMachine):
             sim.apply(_end_paused(sim, req))
         for lid in self.leases:
             sim.apply(L.plan_release_leases(sim.state, [lid], "reader"))
-        sim.drive_transaction()
+        while sim.state.transaction is not None:
+            self.advance_transfer()
         sim.clear()
         s = sim.state
         assert not s.objects and not s.leases and s.arena.used_bytes == 0
