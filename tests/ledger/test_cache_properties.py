@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from cache_helpers import L, make
 from ledger.cache_state import seq_holder
@@ -29,6 +29,11 @@ class CacheMachine(RuleBasedStateMachine):
         self.paused: dict = {}  # request -> (tokens, snapshot cid or None)
         self.leases: list = []  # (lease id, object id)
         self.n = 0
+
+    @initialize(cfg=st.sampled_from([(16, 4, 2 * 1024 + 4096, 24), (10, 3, 0, 0), (40, 6, 4 * 4096, 16)]))
+    def configure(self, cfg):
+        main, slots, host, backend = cfg
+        self.sim = make(main=main, slots=slots, host=host, chunk=64, backend=backend)
 
     # -- helpers -----------------------------------------------------------------------------
     def _apply(self, res):
@@ -195,6 +200,8 @@ class CacheMachine(RuleBasedStateMachine):
           budget=st.integers(0, 400))
     def reclaim(self, pool, amount, kind, revoke, budget):
         STATS["reclaim"] += 1
+        if pool not in self.sim.state.pools and pool != L.HOST:
+            return
         s, c = self.sim.state, self.sim.cache
         if pool == L.HOST:
             amount *= 1024
