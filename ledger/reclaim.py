@@ -246,6 +246,8 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
             continue
         if o.leases or (not on_host and o.pins):
             continue  # TXN-1: readers and pins keep the replica
+        if not on_host and any(h[0] == "seq" for h in o.holders):
+            continue  # an active request computes on this Device unit: never a victim (SAVE-5, RCL-8)
         if oid in protect and oid not in keep_content:
             continue  # RCL-8: the applicant's own source is kept where it is
         other = o.device if on_host else o.host

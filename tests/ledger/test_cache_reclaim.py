@@ -287,3 +287,16 @@ def test_host2_shared_references_on_host_are_counted_once():
     assert q.admitted and q.freed == used  # nested groups chosen together, each byte once
     sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
     assert sim.state.arena.used_bytes == 0
+
+
+def test_rcl1_a_page_an_active_request_computes_on_keeps_its_device_replica():
+    sim = make()
+    full = _finished(sim, "a", toks(200), out=(1,))
+    e, = points(sim, END)
+    sim.state = L.commit(sim.state, L.plan_begin_transfer(sim.state, L.TransferRequest(
+        L.TxnKind.DEMOTION, "t", list(e.object_ids()[1:]), L.HOST_MEDIUM)))  # Host duplicates of E's pages
+    sim.drive_transaction()
+    _, v = start(sim, "b", full + [3])  # b now writes on those pages (Move)
+    q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 1), NEC)
+    held = {o for _, pages in v.kv for o in pages}
+    assert not any(a.kind == "drop_replica" and set(a.objects) & held for a in q.actions)
