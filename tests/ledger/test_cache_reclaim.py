@@ -300,3 +300,21 @@ def test_rcl1_a_page_an_active_request_computes_on_keeps_its_device_replica():
     q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 1), NEC)
     held = {o for _, pages in v.kv for o in pages}
     assert not any(a.kind == "drop_replica" and set(a.objects) & held for a in q.actions)
+
+
+def test_rcl12_host_victims_of_a_demotion_also_answer_to_the_outer_capture_budget():
+    sim = make(slots=2, host=4096)
+    t = toks(200)
+    _, v = start(sim, "a", t)
+    v = compute(sim, v, t, 30)
+    capture(sim, v, INPUT)  # the second slot
+    v = compute(sim, v, t, 60)
+    capture(sim, v, ANCHOR)  # no slot left: the whole Host arena
+    v = compute(sim, v, t)
+    end(sim, v)  # E at 200 keeps the writer's slot
+    for budget, ok in ((20, False), (35, True)):
+        ap = L.Applicant(L.ApplicantKind.CAPTURE, budget=budget, tier=L.Tier.NORMAL)
+        q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 1), ap)
+        assert q.admitted == ok
+        for a in q.chosen:
+            assert a.loss + sum(v.loss for v in a.host_victims) < budget
