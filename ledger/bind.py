@@ -215,7 +215,4 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         req.request, rid, None if src is None else src.cid, 0 if src is None else src.frontier, pub, frozenset())))
     e.note("bound", cand.takeover, rid, permit)
     e.note("view", view_state, tuple(view_kv))
-    res = e.finish("bind", note=f"{cand.takeover} at {cand.frontier}")
-    if src is None:
-        return res  # a root bind promotes nobody: the reuse segment is unchanged
-    return res._replace(cache=ev.rebalance_tiers(res.plan.result, res.cache))  # HEAT-4
+    return e.finish("bind", note=f"{cand.takeover} at {cand.frontier}")  # HEAT-4: quotes place the segment

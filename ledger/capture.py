@@ -93,7 +93,7 @@ def plan_host_object(state: LedgerState, pool: str, holder: Hashable, src_unit: 
 
 
 def _state_destination(e: Edit, view: SequenceView, cid: int, budget: int, owner_tier: int, demand: int,
-                       allow_reclaim: bool):
+                       allow_reclaim: bool, owner: tuple | None = None):
     """SAVE-2: a Device slot, else a Host block, else an admitted reclamation (SAVE-5).
     Returns the new StateImage object id, or the Refusal explaining the skip."""
     holder = ("ckpt", cid)
@@ -109,7 +109,10 @@ def _state_destination(e: Edit, view: SequenceView, cid: int, budget: int, owner
         return got.proof.host_placed[0][0]
     if not allow_reclaim:
         return got
-    # SAVE-5 / RCL-10/11: reclaim only what the capture's own admission allows.
+    # SAVE-5 / RCL-10/11: reclaim only what the capture's own admission allows; an owner
+    # beyond the reuse segment's soft target has only normal rights (HEAT-4).
+    if owner_tier == Tier.REUSE and owner is not None and owner in ev.beyond_target(e.state, e.cache):
+        owner_tier = Tier.NORMAL
     applicant = rc.Applicant(rc.ApplicantKind.CAPTURE, budget=budget, demand_time=demand, tier=owner_tier)
     for gap in (rc.Gap(pool, 1), rc.Gap(HOST, e.state.pool(pool).spec.unit_bytes)):
         q = rc.quote(e.state, e.cache, gap, applicant, protect=(view.state,))
@@ -117,7 +120,7 @@ def _state_destination(e: Edit, view: SequenceView, cid: int, budget: int, owner
             continue
         m = e.mark()
         rc.apply_quote(e, q)
-        again = _state_destination(e, view, cid, 0, owner_tier, demand, False)
+        again = _state_destination(e, view, cid, 0, owner_tier, demand, False, owner)
         if not isinstance(again, Refusal):
             e.note("reclaimed_for_capture", gap.pool, q.loss)
             return again
@@ -173,7 +176,7 @@ def plan_capture(state: LedgerState, cache: CacheState, req: CaptureRequest) -> 
             cid = e.new_id()
             budget = f - _fallback(e.cache, ident)  # RCL-11: fixed added coverage
             rec_now = e.cache.records[use.rid]
-            got = _state_destination(e, view, cid, budget, rec_now.tier, demand, req.allow_reclaim)
+            got = _state_destination(e, view, cid, budget, rec_now.tier, demand, req.allow_reclaim, ("rec", use.rid))
             if isinstance(got, Refusal):
                 e.note("private_skipped", got.reason)
                 if not req.shared:
@@ -207,13 +210,7 @@ def plan_capture(state: LedgerState, cache: CacheState, req: CaptureRequest) -> 
                 return got
     if e.empty and not e.outcome:
         return Refusal("nothing_to_save", None, "")
-    res = e.finish("capture", note=f"at {f}")
-    grew = any(r.tier == Tier.REUSE for r in (res.cache.records.get(use.rid),) if r is not None) \
-        or any(o[0] == "shared" and res.cache.shared[o[1]].tier == Tier.REUSE for o in res.outcome
-               if o[1] in res.cache.shared)
-    if not grew:
-        return res  # nothing joined or grew in the reuse segment
-    return res._replace(cache=ev.rebalance_tiers(res.plan.result, res.cache))  # HEAT-4
+    return e.finish("capture", note=f"at {f}")  # HEAT-4: quotes place the reuse segment
 
 
 def _capture_shared(e: Edit, view: SequenceView, ident, kv, state_oid, demand, req):

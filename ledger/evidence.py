@@ -9,9 +9,11 @@
   once per request and position (`observe_prefill`, HEAT-2). Two different requests make
   repeated demand even when no copy existed. Queries, waits, saves, migrations, completions
   and a request's own Snapshot/Replay produce none (HEAT-3, WAIT-1).
-- `rebalance_tiers`: the reuse segment, newest real demand first, billed by unique physical
-  footprint per pool against 3/4 of the pool (HEAT-4, RD-5); older owners are demoted to
-  normal (a tier demotion, RD-4). A single newest owner may exceed the target.
+- `beyond_target` / `rebalance_tiers`: the reuse segment, newest real demand first, billed by
+  unique physical footprint per pool against 3/4 of the pool (HEAT-4, RD-5); older owners are
+  demoted to normal (a tier demotion, RD-4). A single newest owner may exceed the target. Tier
+  decides reclamation order only, so the segment is evaluated where reclamation looks at it (a
+  quote) instead of on every bind: a bind stays cheap however large the cache.
 """
 from __future__ import annotations
 
@@ -133,40 +135,56 @@ def footprint(state: LedgerState, cache: CacheState, owner: tuple) -> set:
     return out
 
 
-def rebalance_tiers(state: LedgerState, cache: CacheState) -> CacheState:
-    """HEAT-4, RD-5: keep the reuse segment within 3/4 of each physical pool, newest first."""
+def beyond_target(state: LedgerState, cache: CacheState) -> frozenset:
+    """HEAT-4, RD-5: the reuse-tier owners that fall outside the reuse segment: walking owners
+    newest real demand first and billing each one's unique physical footprint per pool (an
+    object shared with newer owners is billed once), the first owner that would push a pool past
+    3/4 of its capacity and every older one. The single newest owner may exceed the target."""
     owners = [(r.demand_time, ("rec", r.rid)) for r in cache.records.values() if r.tier == Tier.REUSE]
     owners += [(e.demand_time, ("shared", e.sid)) for e in cache.shared.values() if e.tier == Tier.REUSE]
+    if not owners:
+        return frozenset()
     owners.sort(key=lambda x: (-x[0], x[1]))
     num, den = SOFT_TARGET
     targets = {pid: p.spec.capacity * num // den for pid, p in state.pools.items()}
     targets[HOST] = state.arena.capacity * num // den
     used = dict.fromkeys(targets, 0)
     billed: set = set()
-    demote = []
+    objects = state.objects
     for i, (_, owner) in enumerate(owners):
         add = dict.fromkeys(targets, 0)
-        for oid in footprint(state, cache, owner) - billed:  # unique footprint, counted once
-            o = state.objects.get(oid)
+        mine = footprint(state, cache, owner)
+        for oid in mine - billed:  # unique footprint, counted once
+            o = objects.get(oid)
             if o is None:
                 continue
             if o.device is not None:
                 add[o.pool] += 1
             if o.host is not None:
                 add[HOST] += o.host.nbytes
-        over = any(used[k] + add[k] > targets[k] and add[k] > 0 for k in targets)
-        if over and i > 0:  # the single newest owner may exceed the target; from here on, older
-            demote.extend(o for _, o in owners[i:])  # records leave the reuse segment (HEAT-4)
-            break
-        for k in targets:
-            used[k] += add[k]
-        billed |= footprint(state, cache, owner)
-    for kind, key in demote:  # RD-4: a tier demotion, nothing moves
-        if kind == "rec":
+        if i > 0 and any(add[k] and used[k] + add[k] > targets[k] for k in targets):
+            return frozenset(o for _, o in owners[i:])  # from here on, older owners leave the segment
+        for k, n in add.items():
+            used[k] += n
+        billed |= mine
+    return frozenset()
+
+
+def demote_tiers(cache: CacheState, owners) -> CacheState:
+    """RD-4: a tier demotion (reuse -> normal); nothing moves."""
+    for kind, key in owners:
+        if kind == "rec" and key in cache.records:
             cache = cache._replace(records=cache.records.set(key, cache.records[key]._replace(tier=Tier.NORMAL)))
-        else:
+        elif kind == "shared" and key in cache.shared:
             cache = cache._replace(shared=cache.shared.set(key, cache.shared[key]._replace(tier=Tier.NORMAL)))
     return cache
+
+
+def rebalance_tiers(state: LedgerState, cache: CacheState) -> CacheState:
+    """HEAT-4: demote the reuse-tier owners beyond the soft target. Tiers only matter to
+    reclamation, so quotes evaluate this themselves (and `plan_reclaim` records it); an engine
+    may also call it when idle."""
+    return demote_tiers(cache, beyond_target(state, cache))
 
 
 def active_use(cache: CacheState, request: Hashable) -> ActiveUse | None:

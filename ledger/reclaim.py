@@ -83,6 +83,7 @@ class Quote(NamedTuple):
     excluded: int  # actions this applicant may not take
     base: LedgerState
     cache: CacheState
+    cold: frozenset = frozenset()  # HEAT-4: owners this quote treated as normal (recorded on commit)
 
 
 # -- facts ------------------------------------------------------------------------------
@@ -91,7 +92,17 @@ class _Facts:
 
     def __init__(self, state: LedgerState, cache: CacheState):
         self.state, self.cache = state, cache
-        self._fb: dict = {}
+        self._cold = None
+
+    @property
+    def cold(self) -> frozenset:
+        """HEAT-4: reuse-tier owners beyond the soft target: normal for this quote (computed once,
+        only when a reuse-tier owner is met)."""
+        if self._cold is None:
+            from ledger.evidence import beyond_target
+
+            self._cold = beyond_target(self.state, self.cache)
+        return self._cold
 
     def fallback(self, c: Checkpoint, gone: frozenset) -> int:
         """RCL-5: the deepest surviving point that is an exact prefix of c (aliases deleted
@@ -150,13 +161,15 @@ class _Facts:
         kind, key = c.owner
         if kind == "shared":
             e = self.cache.shared.get(key)
-            return (e is not None and e.tier == Tier.REUSE), (e.demand_time if e else 0)
+            if e is None or e.tier != Tier.REUSE or c.owner in self.cold:
+                return False, (e.demand_time if e else 0)
+            return True, e.demand_time
         if kind != "rec":
             return False, 0
         r = self.cache.records.get(key)
         if r is None:
             return False, 0
-        if r.tier != Tier.REUSE:
+        if r.tier != Tier.REUSE or c.owner in self.cold:
             return False, r.demand_time
         if c.frontier < r.proven_frontier:
             return False, r.demand_time  # too shallow to be the proven position
@@ -600,7 +613,9 @@ def quote(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant,
         state.pool(gap.pool)
     if type(gap.amount) is not int or gap.amount <= 0:
         raise InvalidRequest(f"gap amount must be a positive int, got {gap.amount!r}")
-    return _quote(state, cache, gap, applicant, frozenset(protect), _Facts(state, cache), frozenset(keep_content))
+    facts = _Facts(state, cache)
+    q = _quote(state, cache, gap, applicant, frozenset(protect), facts, frozenset(keep_content))
+    return q._replace(cold=facts._cold or frozenset())
 
 
 def gap_order(shortfall_pools) -> list:
@@ -622,6 +637,10 @@ def safely_removable(state: LedgerState, cache: CacheState, c: Checkpoint) -> bo
 def apply_quote(e: Edit, q: Quote) -> None:
     """Apply a quote's chosen actions to an Edit (deletions, duplicate drops, then one batched
     demotion transaction, RCL-7). Waiters revoked here must reselect (WAIT-2)."""
+    if q.cold:
+        from ledger.evidence import demote_tiers
+
+        e.cache = demote_tiers(e.cache, q.cold)  # HEAT-4, RD-4: the tier demotions the quote used
     demote, groups = [], []
     for a in q.chosen:
         for hv in a.host_victims:

@@ -179,11 +179,18 @@ def test_heat4_reuse_segment_keeps_three_quarters_of_a_pool_older_owners_demoted
         _, v = start(sim, f"b{i}", full + [2])  # real adoption: reuse tier
         v = compute(sim, v, full + [2])
         end(sim, v)
-    tiers = sorted((r.demand_time, r.tier) for r in sim.cache.records.values())
+    c = L.rebalance_tiers(sim.state, sim.cache)
+    tiers = sorted((r.demand_time, r.tier) for r in c.records.values())
     # 8 slots -> soft target 6; each owner bills E + input (2 slots): the 4th-newest is demoted.
     assert [t for _, t in tiers] == [L.Tier.NORMAL, L.Tier.REUSE, L.Tier.REUSE, L.Tier.REUSE]
-    c = ev.rebalance_tiers(sim.state, sim.cache._replace(records=sim.cache.records))
-    assert c.records == sim.cache.records
+    assert L.rebalance_tiers(sim.state, c) == c
+    q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 1), L.Applicant(L.ApplicantKind.NECESSARY, demote=False))
+    oldest = min(sim.cache.records.values(), key=lambda r: r.demand_time)
+    assert q.cold == {("rec", oldest.rid)}  # a quote treats it as normal content ...
+    assert q.chosen[0].tier == L.Tier.NORMAL
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+    if oldest.rid in sim.cache.records:  # ... and its commit records the tier demotion (RD-4)
+        assert sim.cache.records[oldest.rid].tier == L.Tier.NORMAL
 
 
 def test_wait2_revocation_comes_after_ordinary_reclamation_and_takes_the_youngest_waiter_first():
