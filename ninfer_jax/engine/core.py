@@ -171,6 +171,7 @@ class EngineCore:
 
     def _resident_permits(self) -> dict:
         """RES-3: resident rows by ticket; the oldest always progresses (pausing the young)."""
+        reclaimed = False
         while True:
             prefill_req = next((r for r in self.residents if r.phase == PREFILL), None)
             rows, demands = [], []
@@ -186,12 +187,20 @@ class EngineCore:
                 demands.append(UnitDemand(r.key, kind, {MAIN_KV: need}))
             plan = ledger.plan_cycle_permits(self.program.state, demands)
             refused = [r for r, got in zip(rows, plan.proof.rows) if isinstance(got, Refusal)]
-            if refused and refused[0] is self.residents[0]:
-                # The oldest resident cannot progress (SCH-4): optional cache first (RCL-8), then
-                # pause the youngest other resident, and plan again at once (RES-4).
-                got = plan.proof.rows[rows.index(refused[0])]
-                if got.shortfall and self.reuse.reclaim(dict(got.shortfall.pools), protect=refused[0].objects):
+            if refused and not reclaimed:
+                # Running rows short of units take optional cache first (RCL-8), once per cycle,
+                # then plan again at once (RES-4).
+                reclaimed = True
+                gaps: dict = {}
+                for got in plan.proof.rows:
+                    if isinstance(got, Refusal) and got.shortfall:
+                        for pool, n in got.shortfall.pools.items():
+                            gaps[pool] = gaps.get(pool, 0) + n
+                if gaps and self.reuse.reclaim(gaps):
                     continue
+            if refused and refused[0] is self.residents[0]:
+                # The oldest resident still cannot progress (SCH-4): pause the youngest other
+                # resident and plan again at once (RES-4).
                 if len(self.residents) > 1:
                     self._pause(self.residents[-1])
                     continue  # RES-4: plan again at once on the new capacity
@@ -260,7 +269,7 @@ class EngineCore:
                 self.counters["resumes_replay"] += 1
             elif not req.output:
                 self.counters["full_hits"] += 1
-                self._sample(req, self.program.hidden_logits(req.slot))
+                self._sample(req, self.program.hidden_logits(req.slot, req.target[-1], len(req.target) - 1))
 
     def _allocate(self, decode_permits: dict, prefill) -> None:
         grants = list(decode_permits.items())

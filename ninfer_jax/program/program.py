@@ -129,9 +129,10 @@ class Program:
                            jnp.asarray(slots))
         return np.asarray(logits[:n])
 
-    def hidden_logits(self, slot: int) -> np.ndarray:
+    def hidden_logits(self, slot: int, last_token: int = 0, position: int = 0) -> np.ndarray:
         """Logits `[V]` from a StateImage's continuation hidden: an exact hit of a whole prompt
-        samples its first token without recomputing anything (DESIGN.md, StateImage)."""
+        samples its first token without recomputing anything (DESIGN.md, StateImage). The last
+        token and its position are for the cost-model Program, which keeps no hidden."""
         hidden = self.stores.pools[ledger.STATE_POOL].tree["hidden"][slot]
         return np.asarray(self._hidden_logits(self.model.params, hidden))
 

@@ -67,9 +67,11 @@ class SimProgram:
         """Modelled seconds: the engine's event times (TTFT...) are on this clock."""
         return self.sim_seconds
 
-    def hidden_logits(self, slot: int) -> np.ndarray:
+    def hidden_logits(self, slot: int, last_token: int = 0, position: int = 0) -> np.ndarray:
+        """What the last prefill of `last_token` at `position` would have returned (no hidden
+        is kept here), at the cost of one lm-head launch."""
         self.sim_seconds += self.cost.decode_fixed
-        return self._logits(slot, 0)
+        return self._logits(last_token, position)
 
     def _logits(self, token: int, position: int) -> np.ndarray:
         out = np.zeros(self.vocab_size, np.float32)
