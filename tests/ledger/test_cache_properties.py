@@ -27,7 +27,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.views: dict = {}  # active request -> view
         self.tokens: dict = {}
         self.paused: dict = {}  # request -> (tokens, snapshot cid or None)
-        self.leases: list = []  # (lease id, object id)
+        self.leases: list = []  # lease ids
+        self.pins: list = []  # object ids pinned by "pinner"
         self.n = 0
 
     @initialize(cfg=st.sampled_from([(16, 4, 2 * 1024 + 4096, 24), (10, 3, 0, 0), (40, 6, 4 * 4096, 16)]))
@@ -190,6 +191,22 @@ class CacheMachine(RuleBasedStateMachine):
         self.sim.apply(p)
         self.leases.append(p.proof.leases[0])
 
+    @precondition(lambda self: self.sim.cache.checkpoints)
+    @rule(i=st.integers(0, 999))
+    def pin(self, i):
+        cps = sorted(self.sim.cache.checkpoints)
+        c = self.sim.cache.checkpoints[cps[i % len(cps)]]
+        o = self.sim.state.objects[c.state]
+        if o.device is None or not o.device.complete or "pinner" in o.pins:
+            return
+        self.sim.apply(L.plan_pin(self.sim.state, [c.state], "pinner"))
+        self.pins.append(c.state)
+
+    @precondition(lambda self: self.pins)
+    @rule()
+    def unpin(self):
+        self.sim.apply(L.plan_unpin(self.sim.state, [self.pins.pop(0)], "pinner"))
+
     @precondition(lambda self: self.leases)
     @rule()
     def release_lease(self):
@@ -221,6 +238,8 @@ class CacheMachine(RuleBasedStateMachine):
         for oid in protected:
             assert oid in after, f"protected object {oid} was freed"
             before_o = s.objects[oid]
+            if before_o.pins:
+                assert after[oid].device == before_o.device, "a pinned Device replica moved"
             if before_o.leases:
                 for lid in before_o.leases:
                     lease = s.leases[lid]
@@ -248,6 +267,8 @@ class CacheMachine(RuleBasedStateMachine):
             sim.apply(_end_paused(sim, req))
         for lid in self.leases:
             sim.apply(L.plan_release_leases(sim.state, [lid], "reader"))
+        for oid in self.pins:
+            sim.apply(L.plan_unpin(sim.state, [oid], "pinner"))
         while sim.state.transaction is not None:
             self.advance_transfer()
         sim.clear()
