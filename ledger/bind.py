@@ -166,7 +166,7 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         e.note("permit", permit)
 
     # 4. WAIT-3/4: the request's own waiting reference is handed over now.
-    orphan = src is not None and src.owner == ("wait", req.request)
+    orphan = src is not None and src.owner[0] == "wait"
     if req.request in e.cache.waiters:
         e.end_wait(req.request)  # an orphaned source point of this waiter goes with it
 

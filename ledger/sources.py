@@ -150,7 +150,7 @@ def query_sources(state: LedgerState, cache: CacheState, q: SourceQuery, cost: C
     out = list(seen.values())
     w = cache.waiters.get(q.request)
     c = cache.checkpoints.get(w.cid) if w is not None else None
-    if c is not None and c.owner == ("wait", q.request) and c.frontier <= n and c.identity.is_prefix_of(q.identity):
+    if c is not None and c.owner[0] == "wait" and c.frontier <= n and c.identity.is_prefix_of(q.identity):
         # WAIT-3: the old point this waiter alone keeps (its directory was replaced): an
         # independent branch; exclusively held, its state may still be Moved.
         kind = Takeover.MOVE if _exclusive(state, c, q.request) else Takeover.FORK

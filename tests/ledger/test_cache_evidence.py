@@ -207,3 +207,20 @@ def test_wait2_revocation_comes_after_ordinary_reclamation_and_takes_the_younges
     assert [a.waiters for a in q.chosen] == [(), ("young",)]
     sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
     assert "young" not in sim.cache.waiters and "old" in sim.cache.waiters  # the revoked one reselects
+
+
+def test_wait3_two_waiters_on_a_replaced_point_each_branch_from_it():
+    sim = make()
+    _finished(sim, "a", toks(150))
+    c1 = _wait(sim, "w1", toks(150) + [1], ticket=5, frontier=150)
+    _wait(sim, "w2", toks(150) + [2], ticket=6, frontier=150)
+    _, v = start(sim, "b", toks(150) + [9, 9])  # the owner moves on: the point is kept for the waiters
+    v = compute(sim, v, toks(150) + [9, 9])
+    capture(sim, v, INPUT)
+    for req, kind in (("w2", L.Takeover.FORK), ("w1", L.Takeover.MOVE)):
+        got = [c for c in served(sim, toks(150) + [3], req=req) if c.cid == c1.cid]
+        assert got and got[0].takeover == kind  # Fork while the other waiter holds it, then Move
+        sim.apply(L.plan_bind(sim.state, sim.cache, L.BindRequest(req, got[0])))
+        if req == "w2":
+            assert c1.cid in sim.cache.checkpoints  # still kept for w1
+    assert c1.cid not in sim.cache.checkpoints and not sim.cache.waiters
