@@ -203,6 +203,7 @@ class EngineCore:
                 # resident and plan again at once (RES-4).
                 if len(self.residents) > 1:
                     self._pause(self.residents[-1])
+                    reclaimed = False  # the pause changed what the cache may give up
                     continue  # RES-4: plan again at once on the new capacity
                 self._capacity_error(refused[0], plan.proof.rows[rows.index(refused[0])])
                 continue

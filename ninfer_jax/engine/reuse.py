@@ -115,9 +115,11 @@ class ContextCache:
         for cand in cands:
             if cand.blocked:  # its object is in the running transaction; another candidate serves
                 continue
+            src = self.cache.checkpoints.get(cand.cid)
+            protect = src.object_ids() if src is not None else ()  # the whole source stays (RCL-8)
             if cand.missing:  # a Host copy: bring it back to Device first (BIND-5, TXN-*)
                 t = self.retry(lambda c=cand: ledger.plan_bind_transfer(self.program.state, self.cache, request, c),
-                               protect=cand.missing)
+                               protect=protect)
                 if isinstance(t, Refusal):
                     last = t
                     continue
@@ -127,8 +129,6 @@ class ContextCache:
                              if c.cid == cand.cid), None)
                 if cand is None or cand.missing:
                     continue
-            src = self.cache.checkpoints.get(cand.cid)
-            protect = src.object_ids() if src is not None else ()
             page = ledger.PAGE_TOKENS
             need = -(-(cand.frontier + first_unit_tokens) // page) - -(-cand.frontier // page)
             kind = UnitKind.REPLAY if resume else UnitKind.PREFILL
