@@ -27,6 +27,7 @@ from ninfer_jax.program.stores import ProgramStores
 from ninfer_jax.program.unit_pool import UnitPool
 
 DECODE_BUCKETS = (1, 2, 4, 8)
+STORE_BUCKET_UNITS = 64  # largest unit batch one plan moves that is warmed up (a page group)
 
 
 class DecodeRow(NamedTuple):
@@ -109,9 +110,10 @@ class Program:
             raise ValueError(f"prefill chunk of {n} tokens; expected 1..{self.chunk_size}")
         buf = np.zeros((1, self.chunk_size), np.int32)
         buf[0, :n] = tokens
-        logits = self._run("prefill", jnp.asarray(buf), jnp.array([start], jnp.int32), jnp.array([n], jnp.int32),
-                           jnp.asarray(self._table(pages)[None]), jnp.array([slot], jnp.int32))
-        return np.asarray(logits[0])
+        # numpy in, no eager jnp conversions: the compiled step takes host arrays directly.
+        logits = self._run("prefill", buf, np.array([start], np.int32), np.array([n], np.int32),
+                           self._table(pages)[None], np.array([slot], np.int32))
+        return np.asarray(logits)[0]
 
     def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
         """One decode step for each row; logits `[len(rows), V]`."""
@@ -125,15 +127,14 @@ class Program:
         slots = np.full(bucket, -1, np.int32)
         for i, r in enumerate(rows):
             tokens[i], positions[i], table[i], slots[i] = r.token, r.position, self._table(r.pages), r.slot
-        logits = self._run("decode", jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(table),
-                           jnp.asarray(slots))
-        return np.asarray(logits[:n])
+        logits = self._run("decode", tokens, positions, table, slots)
+        return np.asarray(logits)[:n]
 
     def hidden_logits(self, slot: int, last_token: int = 0, position: int = 0) -> np.ndarray:
         """Logits `[V]` from a StateImage's continuation hidden: an exact hit of a whole prompt
         samples its first token without recomputing anything (DESIGN.md, StateImage). The last
         token and its position are for the cost-model Program, which keeps no hidden."""
-        hidden = self.stores.pools[ledger.STATE_POOL].tree["hidden"][slot]
+        hidden = self.stores.pools[ledger.STATE_POOL].read_hidden(slot)
         return np.asarray(self._hidden_logits(self.model.params, hidden))
 
     def warmup(self) -> None:
@@ -147,4 +148,8 @@ class Program:
             self._run("decode", jnp.zeros(b, jnp.int32), jnp.zeros(b, jnp.int32), jnp.zeros((b, p), jnp.int32),
                       jnp.full(b, -1, jnp.int32))
         self.hidden_logits(0)
+        # The stores' byte movers (captures, copy-on-write, offload and read-back) compile per
+        # index bucket too: do it now, with moves that change nothing, so nothing compiles later.
+        for pool in self.stores.pools.values():
+            pool.warm_up(max_units=STORE_BUCKET_UNITS)
         jax.block_until_ready(self.stores.pools[ledger.STATE_POOL].tree)

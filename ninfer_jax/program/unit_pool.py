@@ -104,6 +104,22 @@ class UnitPool:
             values.append(jnp.asarray(chunk))
         self._leaves = _scatter(self._leaves, self._idx(units), values)
 
+    def read_hidden(self, unit: int):
+        """The `hidden` leaf of one unit (StateImage pools), without an eager device op."""
+        return _gather([self.tree["hidden"]], self._idx([unit]))[0][0]
+
+    def warm_up(self, max_units: int) -> None:
+        """Compile the byte movers for every index bucket up to `max_units`, with moves that
+        leave every unit as it was (read, write the same bytes back, copy a unit onto itself)."""
+        k = 1
+        while k <= min(max_units, self.capacity):
+            units = list(range(k))
+            self.write_units(units, self.read_units(units))
+            self.copy_units(units, units)
+            k *= 2
+        if "hidden" in getattr(self.tree, "keys", lambda: ())():
+            self.read_hidden(0)
+
     def copy_units(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Device-to-device unit copies (copy-on-write of a tail page, BIND-4)."""
         self._leaves = _copy(self._leaves, self._idx(src), self._idx(dst))
