@@ -46,7 +46,7 @@ COUNTERS = (
     "generated_tokens", "cache_hits", "h2d_bytes", "d2h_bytes",
     "pauses_replay", "pauses_snapshot", "resumes_replay", "resumes_snapshot",
     "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
-    "captures", "captures_skipped", "reclaims", "full_hits",
+    "captures", "captures_skipped", "reclaims", "full_hits", "waits",
 )
 
 
@@ -224,7 +224,14 @@ class EngineCore:
         request takes it."""
         turn = None
         lanes = self.c - len(self.residents)
-        if lanes <= 0 or not len(self.fresh):
+        if not len(self.fresh):
+            return None
+        if lanes <= 0:
+            # SCH-2, WAIT-1: without a free lane the head and its C followers may still keep
+            # their chosen recovery sources.
+            for req in list(self.fresh)[:self.c + 1]:
+                if not req.bound:
+                    self.reuse.wait(req.ticket, req.target, session=req.session, ticket=req.ticket)
             return None
 
         def try_admit(req: Request) -> bool:
@@ -366,6 +373,7 @@ class EngineCore:
     def _release(self, req: Request, publish: bool = False) -> None:
         """End the request's hold: a normal finish publishes E (BIND-6), anything else only
         releases; its lane is free (a recovery opportunity, SCH-10)."""
+        self.reuse.release_wait(req.ticket)  # a cancelled waiter (WAIT-4); a bind already handed it over
         if req.bound:
             if req.slot_object is not None:
                 self.reuse.end(self.view(req), publish=publish)
@@ -455,6 +463,10 @@ class EngineCore:
             raise ledger.IntegrityError(f"permits outstanding between cycles: {sorted(state.permits)}")
         if len(self.residents) > self.c:
             raise ledger.IntegrityError(f"{len(self.residents)} residents for {self.c} lanes")
+        queued = {r.ticket for r in self.fresh}
+        if not set(self.reuse.cache.waiters) <= queued:
+            raise ledger.IntegrityError(f"waiting references {sorted(self.reuse.cache.waiters)} for requests "
+                                        f"that are not queued {sorted(queued)}")
         bound = {r.ticket for r in self.by_id.values() if r.bound}
         if set(self.reuse.cache.active) != bound:
             raise ledger.IntegrityError(f"cache binds {sorted(self.reuse.cache.active)}, engine {sorted(bound)}")

@@ -81,6 +81,9 @@ class ContextCache:
             if amount <= 0:
                 continue
             q = ledger.quote(self.program.state, self.cache, Gap(pool, amount), applicant, protect)
+            if not q.admitted:  # only then revoke waiting protections (WAIT-2, SCH-4)
+                q = ledger.quote(self.program.state, self.cache, Gap(pool, amount),
+                                 applicant._replace(revoke_waiters=True), protect)
             if not q.admitted:
                 continue
             got = ledger.plan_reclaim(self.program.state, self.cache, q)
@@ -148,6 +151,28 @@ class ContextCache:
                 self.counters["reused_tokens"] += cand.frontier
             return Bound(cand.frontier, cand.takeover, view[1], tuple(pages), permit)
         return last
+
+    def wait(self, request, tokens: Sequence[int], *, session, ticket: int) -> bool:
+        """WAIT-1: a queued request without a lane keeps its chosen source under a waiting
+        reference, so optional reclamation cannot take it before the bind (which hands the
+        reference over, WAIT-3). Returns whether the request now waits."""
+        if not self.enabled or request in self.cache.waiters:
+            return request in self.cache.waiters
+        query = SourceQuery(request, self.identity(tokens), session)
+        best = ledger.query_sources(self.program.state, self.cache, query, self.cost)[0]
+        if best.cid is None or best.frontier == 0:
+            return False
+        got = ledger.plan_wait(self.program.state, self.cache, request, best, ticket=ticket)
+        if isinstance(got, Refusal):
+            return False
+        self.apply(got)
+        self.counters["waits"] += 1
+        return True
+
+    def release_wait(self, request) -> None:
+        """WAIT-4: cancel or timeout ends the waiting reference."""
+        if request in self.cache.waiters:
+            self.apply(ledger.plan_release_wait(self.program.state, self.cache, request))
 
     # ---- prefill, captures, ends -------------------------------------------------------------
     def view(self, request, tokens: Sequence[int], frontier: int, state_object, page_objects) -> SequenceView:

@@ -152,3 +152,32 @@ def test_agent_conversation_with_dropped_reasoning_reuses_every_turn(warm, cold)
             {"role": "tool", "content": str(turn + 1)}]
     assert warm.stats()["cache_hits"] >= 3
     assert_idle_and_empty(warm)
+
+
+def test_wait1_a_queued_request_keeps_its_source_until_bound_and_a_cancel_releases_it(tiny_model, cold):
+    """WAIT-1/3/4: with every lane busy, the queued request holds a waiting reference on its
+    chosen source; the bind hands it over (same tokens as cold); a cancelled waiter releases it."""
+    engine = make_engine(tiny_model, max_context=512, max_concurrency=1)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    rng = np.random.default_rng(13)
+    base = rng.integers(0, 1000, 80).tolist()
+    _run(engine, lambda e: e.submit(base, sp))
+    busy = engine.submit(rng.integers(0, 1000, 40).tolist(), SamplingParams(temperature=0, max_tokens=20))
+    follow = base + rng.integers(0, 1000, 10).tolist()
+    queued = engine.submit(follow, sp)
+    doomed = engine.submit(base + [1, 2, 3], sp)
+    for _ in range(3):
+        engine.step()
+        engine.check_integrity()
+    waiters = engine.core.reuse.cache.waiters
+    tickets = {r.request_id: r.ticket for r in engine.core.fresh}
+    assert tickets[queued.request_id] in waiters and tickets[doomed.request_id] in waiters
+    doomed.cancel()
+    run_until_done(engine, [busy, queued, doomed])
+    assert doomed.result().finish_reason == "cancelled"
+    assert not engine.core.reuse.cache.waiters
+    r = queued.result()
+    assert r.usage.cached_tokens >= len(base) - 1
+    assert r.token_ids == _cold_tokens(cold, lambda e: e.submit(follow, sp))
+    assert engine.stats()["waits"] >= 2
+    assert_idle_and_empty(engine)
