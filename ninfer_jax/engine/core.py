@@ -4,18 +4,21 @@ Each `step()` is one cycle:
   1. inbox: new requests join the fresh queue; cancels end requests wherever they are and
      release everything at once;
   2. resident unit permits, by original ticket (RES-3): each decoding row asks for the page
-     its next token may need, the oldest prefilling row for its next chunk's pages. If the
-     oldest resident is refused, the youngest other resident is paused by Replay (its binding
-     dropped, its tokens kept; SCH-4, G-5) and the permits are planned again at once (RES-4);
-     if it is alone and still refused, it gets the capacity contract error (RES-6);
-  3. fresh admission from the surplus, FIFO with bounded overtaking (SCH-2);
-  4. one compact decode batch and one prefill chunk (SCH-1, SCH-8);
-  5. settlement of every permit (RES-3), finishing rows, releasing their objects.
+     its next token may need, the oldest prefilling row for its next chunk's pages. Rows short
+     of units first take optional cache (RCL-8); if the oldest resident is still refused, the
+     youngest other resident is paused by Replay (its view dropped, its tokens kept; SCH-4,
+     G-5) and the permits are planned again at once (RES-4); alone and still refused, it gets
+     the capacity contract error (RES-6);
+  3. fresh admission from the surplus, FIFO with bounded overtaking (SCH-2): each admitted
+     request binds the best recovery source the cache has (engine/reuse.py); without a free
+     lane, queued requests keep their chosen source under a waiting reference (WAIT-1);
+  4. one compact decode batch and one prefill chunk (SCH-1, SCH-8), chunks ending at the
+     frontend's semantic frontiers, captures there (REC-8, SAVE-*);
+  5. settlement of every permit (RES-3); finished rows publish E and release their objects.
 Every resource change is a ledger plan committed through the Program; the core keeps no
 occupancy ledger of its own.
 
-Seams for later issues: `_pause` (Snapshot/Replay routes, PAUSE-*), `_admission_demand` and
-`_bind` (reuse sources, SRC-*/BIND-*), `_after_prefill` (captures at semantic points, SAVE-*).
+Seam for later issues: `_pause` (only the Replay route; Snapshot is PAUSE-*).
 """
 from __future__ import annotations
 
