@@ -233,14 +233,18 @@ class EngineCore:
             # SCH-2, WAIT-1: without a free lane the head and its C followers may still keep
             # their chosen recovery sources.
             for req in list(self.fresh)[:self.c + 1]:
-                if not req.bound:
-                    self.reuse.wait(req.ticket, req.target, session=req.session, ticket=req.ticket)
+                # Quote again only when the cache's index changed since a failed try (SCH-3).
+                if not req.bound and req.wait_seen is not self.reuse.cache.index:
+                    if not self.reuse.wait(req.ticket, self._identity(req, len(req.target)),
+                                           session=req.session, ticket=req.ticket):
+                        req.wait_seen = self.reuse.cache.index
             return None
 
         def try_admit(req: Request) -> bool:
             nonlocal turn
             first = min(self.program.chunk_size, len(req.target))
-            bound = self.reuse.bind(req.ticket, req.target, session=req.session, first_unit_tokens=first,
+            bound = self.reuse.bind(req.ticket, self._identity(req, len(req.target)), session=req.session,
+                                    first_unit_tokens=first,
                                     ticket=req.ticket, resume=req.replaying)
             if isinstance(bound, Refusal):
                 if not self.residents and req is self.fresh.head() and bound.reason == "shortfall":
@@ -339,14 +343,22 @@ class EngineCore:
         else:
             self._sample(req, logits)
 
+    def _identity(self, req: Request, n: int):
+        """The identity of the request's first `n` tokens (prompt, then output), hashed once per
+        output length rather than at every chunk and capture; prefixes share its digests."""
+        total = len(req.prompt) + len(req.output)
+        if req.ident is None or len(req.ident.tokens) != total:
+            req.ident = self.reuse.identity(req.prompt + tuple(req.output))
+        return req.ident.prefix(n)
+
     def view(self, req: Request):
-        return self.reuse.view(req.ticket, req.prompt + tuple(req.output), req.fed, req.slot_object, req.page_objects)
+        return self.reuse.view(req.ticket, self._identity(req, req.fed), req.slot_object, req.page_objects)
 
     def _after_prefill(self, req: Request, lo: int) -> None:
         """Report compute demand (HEAT-2) and capture at the semantic frontier the chunk ended
         on (SAVE-1); a capture that cannot be admitted is skipped, never blocking (SAVE-5)."""
         frontiers = [s.frontier for s in req.saves]
-        self.reuse.observe(req.ticket, req.target, lo, req.fed, frontiers)
+        self.reuse.observe(req.ticket, self._identity(req, len(req.target)), lo, req.fed, frontiers)
         for save in req.saves:
             if save.frontier == req.fed:
                 self.reuse.capture(self.view(req), save)
@@ -381,7 +393,7 @@ class EngineCore:
             if req.slot_object is not None:
                 self.reuse.end(self.view(req), publish=publish)
             else:  # paused: bound to its record, no view (PAUSE-1)
-                self.reuse.end(self.reuse.view(req.ticket, (), 0, None, ()), publish=False)
+                self.reuse.end(self.reuse.view(req.ticket, self.reuse.identity(()), None, ()), publish=False)
             req.bound = False
         self._drop_permits(req)
         self._unbind(req)

@@ -99,6 +99,8 @@ class Request:
     t_first_token: float | None = None
     t_last_token: float | None = None
     max_gap: float = 0.0
+    ident: object = dataclasses.field(default=None, repr=False)  # identity of prompt + output, cached
+    wait_seen: object = dataclasses.field(default=None, repr=False)  # cache index at the last failed wait
 
     @property
     def key(self) -> tuple:

@@ -107,11 +107,10 @@ class ContextCache:
         return got
 
     # ---- admission: sources and bind -------------------------------------------------------
-    def bind(self, request, tokens: Sequence[int], *, session, first_unit_tokens: int, ticket: int,
+    def bind(self, request, ident: ledger.InputIdentity, *, session, first_unit_tokens: int, ticket: int,
              resume: bool) -> Bound | Refusal:
-        """Query sources for `tokens` and bind the best one that can be had (SRC-*, BIND-*).
-        Returns the binding, or the last Refusal (nothing retired, SRC-4)."""
-        ident = self.identity(tokens)
+        """Query sources for the tokens of `ident` and bind the best one that can be had
+        (SRC-*, BIND-*). Returns the binding, or the last Refusal (nothing retired, SRC-4)."""
         query = SourceQuery(request, ident, session if self.enabled else None)
         cands = ledger.query_sources(self.program.state, self.cache, query, self.cost)
         last: Refusal = Refusal("no_source", None, "no candidate")
@@ -152,13 +151,13 @@ class ContextCache:
             return Bound(cand.frontier, cand.takeover, view[1], tuple(pages), permit)
         return last
 
-    def wait(self, request, tokens: Sequence[int], *, session, ticket: int) -> bool:
+    def wait(self, request, ident: ledger.InputIdentity, *, session, ticket: int) -> bool:
         """WAIT-1: a queued request without a lane keeps its chosen source under a waiting
         reference, so optional reclamation cannot take it before the bind (which hands the
         reference over, WAIT-3). Returns whether the request now waits."""
         if not self.enabled or request in self.cache.waiters:
             return request in self.cache.waiters
-        query = SourceQuery(request, self.identity(tokens), session)
+        query = SourceQuery(request, ident, session)
         best = ledger.query_sources(self.program.state, self.cache, query, self.cost)[0]
         if best.cid is None or best.frontier == 0:
             return False
@@ -175,14 +174,15 @@ class ContextCache:
             self.apply(ledger.plan_release_wait(self.program.state, self.cache, request))
 
     # ---- prefill, captures, ends -------------------------------------------------------------
-    def view(self, request, tokens: Sequence[int], frontier: int, state_object, page_objects) -> SequenceView:
-        return SequenceView(request, self.identity(tuple(tokens)[:frontier]), state_object,
-                            ((MAIN_KV, tuple(page_objects)),))
+    @staticmethod
+    def view(request, ident: ledger.InputIdentity, state_object, page_objects) -> SequenceView:
+        """What the request holds now; `ident` covers exactly its execution frontier."""
+        return SequenceView(request, ident, state_object, ((MAIN_KV, tuple(page_objects)),))
 
-    def observe(self, request, tokens: Sequence[int], lo: int, hi: int, candidates: Sequence[int]) -> None:
+    def observe(self, request, ident: ledger.InputIdentity, lo: int, hi: int, candidates: Sequence[int]) -> None:
         """HEAT-2: compute demand of a new prefill commit (never for Replay, PAUSE-5)."""
         if self.enabled and request in self.cache.active:
-            self.cache = ledger.observe_prefill(self.cache, request, self.identity(tokens), lo, hi, candidates)
+            self.cache = ledger.observe_prefill(self.cache, request, ident, lo, hi, candidates)
 
     def capture(self, view: SequenceView, save: SavePoint) -> bool:
         """SAVE-*: capture at a semantic frontier; skipped, never blocking, when refused."""
