@@ -168,7 +168,9 @@ def test_deadline_while_queued(real, settled):
     busy = [client.generate_stream([i + 1, 2], sampling={"temperature": 0.0, "max_tokens": 200}) for i in range(2)]
     for s in busy:
         next(s)  # both lanes taken
-    code, _ = _code(lambda: client.generate([5, 5], sampling={"max_tokens": 4}, timeout=0.3))
+    # The deadline must fall while both lanes are still busy: 200 tokens take the faster engine
+    # little more than 0.2 s on this machine, so keep it well below that.
+    code, _ = _code(lambda: client.generate([5, 5], sampling={"max_tokens": 4}, timeout=0.05))
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
     for s in busy:
         s.cancel()
