@@ -93,7 +93,7 @@ __all__ = [name for name in dir() if not name.startswith("_")]
 # -- the context-cache policy (records, checkpoints, index, evidence, reclamation; docs/cache_policy.md)
 from ledger.bind import BindRequest, plan_bind, plan_bind_transfer
 from ledger.cache_edit import CacheResult
-from ledger.cache_integrity import check_cache
+from ledger.cache_integrity import check_cache, check_quote
 from ledger.cache_state import (
     ActiveUse,
     CacheState,

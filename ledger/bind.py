@@ -23,7 +23,7 @@ from ledger.errors import InvalidRequest
 from ledger.objects import plan_add_holders, plan_allocate, plan_copy_on_write
 from ledger.permits import UnitDemand, plan_unit_permit
 from ledger.plan import Refusal
-from ledger.sources import SourceCandidate, Takeover
+from ledger.sources import SourceCandidate, Takeover, _exclusive
 from ledger.state import DEVICE, STATE_POOL, LedgerState, TxnKind
 from ledger.transactions import TransferRequest, plan_begin_transfer
 
@@ -89,7 +89,16 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         src = cache.checkpoints.get(cand.cid)
         if src is None:
             return Refusal("source_gone", None, f"checkpoint {cand.cid} was retired; query again (SRC-5)")
-        in_place = cand.takeover in (Takeover.MOVE, Takeover.SNAPSHOT)
+    takeover, retired = cand.takeover, cand.retired
+    if paused_use is not None and takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK) and cand.rid is not None:
+        # PAUSE-1: a resume keeps its own record; it takes over no other record, retires none of
+        # its points and never Moves their state (BIND-5): an independent Fork.
+        takeover, retired = Takeover.FORK, ()
+    if src is not None and takeover == Takeover.MOVE and not _exclusive(state, cache, src, req.request):
+        # BIND-5: a Move hands over a state only this point holds (the candidate may be stale)
+        takeover = Takeover.TAKEOVER_FORK if cand.rid is not None else Takeover.FORK
+    if src is not None:
+        in_place = takeover in (Takeover.MOVE, Takeover.SNAPSHOT)
         missing = tuple(oid for oid in src.object_ids() if (state.objects[oid].device is None
                         or not state.objects[oid].device.complete) and (in_place or oid != src.state))
         if missing:
@@ -99,13 +108,13 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
             # SRC-5: a source in flight (e.g. leaving Device by a demotion) is waited for, not bound
             return Refusal("source_busy", None, f"transaction {txn.generation} moves part of checkpoint {src.cid}")
 
-    if paused_use is None and cand.rid is not None and cand.takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
+    if paused_use is None and cand.rid is not None and takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
         r0 = cache.records.get(cand.rid)
         if r0 is None or r0.active is not None:
             return Refusal("source_gone", None, f"record {cand.rid} is gone or active; query again (BIND-2)")
         e.put_record(r0._replace(active=req.request))  # the relation moves forward (BIND-1)
     # 1. BIND-4: retire the deeper private points approved for replacement first.
-    for pid in cand.retired:
+    for pid in retired:
         if pid in e.cache.checkpoints:
             e.drop_point(pid)
             e.note("retired", pid)
@@ -131,7 +140,7 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
                 e.add(plan_add_holders(e.state, full, me))  # full pages are shared, never copied
             if tail is not None:
                 # A Move hands the page over; otherwise copy it unless the writer may append.
-                if cand.takeover in (Takeover.MOVE, Takeover.SNAPSHOT, Takeover.TAKEOVER_FORK) and \
+                if takeover in (Takeover.MOVE, Takeover.SNAPSHOT, Takeover.TAKEOVER_FORK) and \
                         _tail_shared_with_writer(e.state, e.cache, tail, src.frontier, me):
                     e.add(plan_add_holders(e.state, [tail], me))
                 else:
@@ -141,7 +150,7 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
                     e.note("tail_copy", tail)
                     tail = got.proof.allocated[0][0]
             view_kv.append((pool, tuple(full) + ((tail,) if tail is not None else ())))
-        if cand.takeover in (Takeover.MOVE, Takeover.SNAPSHOT):  # BIND-5: exclusive E is Moved
+        if takeover in (Takeover.MOVE, Takeover.SNAPSHOT):  # BIND-5: exclusive E is Moved
             e.add(plan_add_holders(e.state, [src.state], me))
             view_state = src.state
         else:  # BIND-5: Fork: a fresh slot filled from the immutable source
@@ -173,22 +182,22 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
     # 5. Records and evidence (only now: WAIT-4).
     cache2 = e.cache
     if paused_use is not None:  # PAUSE-1/5: same record, same publication order, no heat
-        if src is not None and cand.takeover == Takeover.SNAPSHOT:
+        if src is not None and takeover == Takeover.SNAPSHOT:
             e.drop_point(src.cid)
         use = e.cache.active[req.request]
         e.set(active=e.cache.active.set(req.request, use._replace(snapshot=None)))
-        e.note("resumed", cand.takeover, use.rid, permit)
+        e.note("resumed", takeover, use.rid, permit)
         e.note("view", view_state, tuple(view_kv))
-        return e.finish("bind", note=f"resume {cand.takeover} at {cand.frontier}")
+        return e.finish("bind", note=f"resume {takeover} at {cand.frontier}")
     if src is None:
         rec = e.new_record(session=req.session, publication=pub, active=req.request)
         rid = rec.rid
     elif orphan:  # WAIT-3: the waiter's own old point (the directory was replaced): a new branch
         rid = e.new_record(session=req.session, publication=pub, active=req.request).rid
-    elif cand.takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
+    elif takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
         rid = cand.rid
         rec = cache2.records[rid]
-        if cand.takeover == Takeover.MOVE:
+        if takeover == Takeover.MOVE:
             e.drop_point(src.cid)  # the E state now belongs to the writer (kept: it holds it)
             rec = e.cache.records[rid]
         rec = rec._replace(active=req.request, publication_order=pub,
@@ -213,6 +222,6 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         e.set(sessions=e.cache.sessions.set(req.session, rid))
     e.set(active=e.cache.active.set(req.request, ActiveUse(
         req.request, rid, None if src is None else src.cid, 0 if src is None else src.frontier, pub, frozenset())))
-    e.note("bound", cand.takeover, rid, permit)
+    e.note("bound", takeover, rid, permit)
     e.note("view", view_state, tuple(view_kv))
-    return e.finish("bind", note=f"{cand.takeover} at {cand.frontier}")  # HEAT-4: quotes place the segment
+    return e.finish("bind", note=f"{takeover} at {cand.frontier}")  # HEAT-4: quotes place the segment

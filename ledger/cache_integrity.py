@@ -4,7 +4,9 @@ Every checkpoint and waiting reference holds exactly the objects it lists (holde
 exact, G-3); every `ckpt`/`wait` holder on an object belongs to a live checkpoint/waiter that
 lists it; records and shared entries point at live checkpoints they own; the prefix index
 lists exactly the non-snapshot checkpoints with no empty branch, and no inactive record is
-empty (CFG-7); at most four anchors (REC-1).
+empty (CFG-7); at most four anchors (REC-1). An active writer's StateImage (a `seq` holder) has
+no other holder — no checkpoint, snapshot, waiter or second writer (BIND-5: KV pages may be
+shared, a StateImage being written never is).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from ledger import prefix_index as px
 from ledger.cache_state import MAX_ANCHORS, CacheState, indexed
 from ledger.errors import IntegrityError
 from ledger.integrity import check_integrity
-from ledger.state import LedgerState
+from ledger.state import STATE_IMAGE, LedgerState
 
 
 def check_cache(state: LedgerState, cache: CacheState) -> None:
@@ -51,6 +53,9 @@ def check_cache(state: LedgerState, cache: CacheState) -> None:
     for oid in want:
         if oid not in state.objects:
             errs.append(f"object {oid} listed by the cache is gone")
+    for oid, o in state.objects.items():  # BIND-5, doctrine 2: a writer's StateImage is its own
+        if o.kind == STATE_IMAGE and len(o.holders) > 1 and any(h[0] == "seq" for h in o.holders):
+            errs.append(f"StateImage {oid} of an active writer is shared: holders {sorted(map(repr, o.holders))}")
     for rid, r in cache.records.items():
         for cid in r.points():
             c = cache.checkpoints.get(cid)
@@ -101,3 +106,38 @@ def check_cache(state: LedgerState, cache: CacheState) -> None:
             errs.append(f"session {s!r} names dead record {rid}")
     if errs:
         raise IntegrityError("cache integrity: " + "; ".join(errs[:20]))
+
+
+def check_quote(state: LedgerState, cache: CacheState, q) -> None:
+    """RCL-5/RCL-7: a quote never combines a move with the deletion of the moved content.
+
+    Recounted from first principles: the chosen deletions (Host victims included) are applied
+    to a scratch copy of the states; every object a chosen action moves (a demotion's pages, a
+    dropped duplicate replica, a Host victim's replica drop) must be alive before, moved once,
+    and still alive after those deletions."""
+    from ledger.cache_edit import Edit
+
+    e = Edit(state, cache)
+    moved: list = []
+    for a in q.chosen:
+        for part in (a,) + tuple(a.host_victims):
+            if part.kind != "delete":
+                moved.extend((part.kind, oid) for oid in part.objects)
+                continue
+            for req in part.waiters:
+                if req in e.cache.waiters:
+                    e.end_wait(req)
+            for cid in part.cids:
+                if cid in e.cache.checkpoints:
+                    e.drop_point(cid)
+    errs, seen = [], set()
+    for kind, oid in moved:
+        if oid in seen:
+            errs.append(f"object {oid} is moved twice")
+        seen.add(oid)
+        if oid not in state.objects:
+            errs.append(f"{kind} of object {oid}, which does not exist")
+        elif oid not in e.state.objects:
+            errs.append(f"{kind} of object {oid}, which the quote's own deletions free")
+    if errs:
+        raise IntegrityError("quote integrity: " + "; ".join(errs[:20]))

@@ -192,7 +192,9 @@ def _optional_holder(h, cache: CacheState, applicant: Applicant, revoked: list) 
             return _optional_holder(("wait", c.owner[1]), cache, applicant, revoked)
         if c.kind == PointKind.SNAPSHOT:
             if applicant.kind == ApplicantKind.NECESSARY and applicant.revoke_waiters:
-                return True  # SCH-4: pause snapshots are revoked on the same rung as waiters
+                # SCH-4: pause snapshots are revoked on the same rung as waiters; WAIT-2: never
+                # by fresh admission
+                return not applicant.fresh
             if applicant.kind == ApplicantKind.SNAPSHOT and applicant.ticket is not None:
                 use = cache.active.get(c.owner[1])
                 return use is not None and use.publication_order > applicant.ticket
@@ -404,6 +406,7 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
     unit = spec.unit_bytes
     from ledger import extents as ex
     free_units = sum(length // unit for _, length in ex.iter_extents(state.arena.free))  # HOST-1 pre-check, once
+    mover = applicant._replace(fresh=False)  # WAIT-2: moving a pause snapshot to Host revokes nothing
     for c in cache.checkpoints.values():
         oids = [c.state] if spec.kind != KV_PAGES else [o for p, pages in c.kv if p == gap.pool for o in reversed(pages)]
         group = []
@@ -411,7 +414,7 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
             o = state.objects[oid]
             if oid in seen or oid in protect or o.pool != gap.pool or o.device is None or o.host is not None:
                 continue
-            if o.leases or o.pins or not all(_may_migrate(h, cache, applicant) for h in o.holders):
+            if o.leases or o.pins or not all(_may_migrate(h, cache, mover) for h in o.holders):
                 continue  # active writers and readers limit movement (RCL-1); waiters allow it (WAIT-2)
             group.append(oid)
             if len(group) >= want:
@@ -446,8 +449,9 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
         if not q.admitted:
             continue
         victims = tuple(v._replace(objects=_all_freed(state, cache, v)) for v in q.chosen)
-        if any(set(v.objects) & set(group) for v in victims):
-            continue  # a victim deletion would take the very pages being demoted
+        cids, waiters = _removes(victims)
+        if _freed(state, cache, group, cids, waiters):
+            continue  # RCL-5/RCL-7: the victims together would free the very pages being demoted
         out.append(Action("demote", (c.cid,), tuple(group), len(group), (), q.loss, tier, demand, holders, (),
                           DEVICE, victims))
     return out
@@ -458,17 +462,93 @@ def _all_freed(state: LedgerState, cache: CacheState, a: Action) -> tuple:
     a Host victim must not free what the same batch moves (RCL-5, RCL-7)."""
     if a.kind != "delete":
         return a.objects
-    gone = {("ckpt", cid) for cid in a.cids} | {("wait", r) for r in a.waiters}
-    out = set(a.objects)
-    for cid in a.cids:
-        c = cache.checkpoints.get(cid)
-        if c is None:
-            continue
-        for oid in c.object_ids():
-            o = state.objects.get(oid)
-            if o is not None and o.holders <= gone and not o.leases and not o.pins:
-                out.add(oid)
-    return tuple(sorted(out))
+    cps = cache.checkpoints
+    mine = {oid for cid in a.cids if cid in cps for oid in cps[cid].object_ids()}
+    return tuple(sorted(set(a.objects) | set(_freed(state, cache, mine, a.cids, a.waiters))))
+
+
+def _freed(state: LedgerState, cache: CacheState, oids, cids, waiters) -> list:
+    """RCL-5/RCL-7: the objects among `oids` that deleting the checkpoints `cids` and revoking
+    `waiters` frees whole, judged by physical identity: every holder goes (a point another
+    waiter still references stays for it, WAIT-1) and no lease or pin keeps the object."""
+    if not cids and not waiters:
+        return []
+    gone = {("wait", r) for r in waiters}
+    kept = {w.cid for w in cache.waiters.values() if w.request not in waiters}
+    gone.update(("ckpt", c) for c in cids if c not in kept)
+    out = []
+    for oid in oids:
+        o = state.objects.get(oid)
+        if o is not None and o.holders <= gone and not o.leases and not o.pins:
+            out.append(oid)
+    return out
+
+
+def _removes(actions) -> tuple[set, set]:
+    """The checkpoints and waiters these actions' deletions (Host victims included) remove."""
+    cids, waiters = set(), set()
+    for a in actions:
+        for d in (a,) + tuple(a.host_victims):
+            if d.kind == "delete":
+                cids.update(d.cids)
+                waiters.update(d.waiters)
+    return cids, waiters
+
+
+def _moves(a: Action) -> list:
+    """The objects an action moves: a replica drop or a demotion, and its Host victims' drops."""
+    out = [] if a.kind == "delete" else list(a.objects)
+    out.extend(o for v in a.host_victims if v.kind != "delete" for o in v.objects)
+    return out
+
+
+class _Batch:
+    """RCL-5/RCL-7: a quote never combines a move (demotion, duplicate-replica drop) with the
+    deletion of the moved content. Judged by the cumulative holders the chosen deletions
+    remove, not action by action: two deletions (or a Host victim and a Device deletion) that
+    each leave a moved page one holder may together free it."""
+
+    def __init__(self, state: LedgerState, cache: CacheState):
+        self.state, self.cache = state, cache
+        self.cids: set = set()
+        self.waiters: set = set()
+        self.moved: dict = {}  # object id -> the chosen action that moves it
+
+    def check(self, a: Action):
+        """`(a, subsumed)` when a may join the batch, else None. A deletion that frees whole an
+        object whose duplicate replica a chosen drop frees takes that drop over (`subsumed`):
+        the deletion frees the object, the drop goes."""
+        cids, waiters = _removes((a,))
+        if cids or waiters:
+            cids, waiters = self.cids | cids, self.waiters | waiters
+        else:
+            cids, waiters = self.cids, self.waiters
+        moves = _moves(a)
+        if moves and _freed(self.state, self.cache, moves, cids, waiters):
+            return None  # it would move what the batch deletes
+        hit = _freed(self.state, self.cache, self.moved, cids, waiters) if cids is not self.cids else []
+        if not hit:
+            return a, ()
+        if a.kind != "delete" or any(self.moved[o].kind != "drop_replica" for o in hit):
+            return None  # it would delete what a chosen demotion moves
+        subsumed = {id(self.moved[o]): self.moved[o] for o in hit}
+        objs = set(a.objects) | set(hit)
+        offs = dict.fromkeys(a.offsets)
+        offs.update((o, None) for d in subsumed.values() for o in d.offsets)
+        return a._replace(objects=tuple(sorted(objs)), offsets=tuple(offs)), tuple(subsumed.values())
+
+    def take(self, a: Action, subsumed: tuple, chosen: list) -> None:
+        if subsumed:
+            chosen[:] = [b for b in chosen if all(b is not d for d in subsumed)]
+        for d in subsumed:
+            for o in d.objects:
+                self.moved.pop(o, None)
+        cids, waiters = _removes((a,))
+        self.cids |= cids
+        self.waiters |= waiters
+        for o in _moves(a):
+            self.moved[o] = a
+        chosen.append(a)
 
 
 def _admissible(a: Action, ap: Applicant) -> bool:
@@ -514,6 +594,7 @@ def _quote(state, cache, gap, applicant, protect, facts, keep_content=frozenset(
     host_offsets: list = []
     batch_closed = False
     unit = state.pool(gap.pool).spec.unit_bytes
+    batch = _Batch(state, cache)
     for a in ok:
         if len(freed_ids) >= gap.amount:
             break
@@ -527,6 +608,10 @@ def _quote(state, cache, gap, applicant, protect, facts, keep_content=frozenset(
             continue
         if a.kind == "delete" and set(a.objects) & touched:
             continue
+        got = batch.check(a)
+        if got is None:
+            continue  # RCL-5/RCL-7: never move what the batch's deletions free
+        a, subsumed = got
         if a.kind == "demote":
             if batch_closed:
                 continue  # RCL-7: a migration needing Host victims ended the batch
@@ -538,7 +623,7 @@ def _quote(state, cache, gap, applicant, protect, facts, keep_content=frozenset(
             batch_closed = bool(a.host_victims)
         if a.kind != "delete":
             touched |= moves
-        chosen.append(a)
+        batch.take(a, subsumed, chosen)
         freed_ids |= new
         loss += a.loss
     if len(freed_ids) < gap.amount:
@@ -578,13 +663,18 @@ def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
 
     ranked = sorted(ok, key=key)
     chosen, offsets, loss = [], {}, 0
+    batch = _Batch(state, cache)
     for a in ranked:
         new = [o for o in a.offsets if o not in offsets]
         if not new:
             continue  # its bytes already leave with a chosen action (no double counting, HOST-2)
         if budgeted and a.loss > 0 and loss + a.loss >= applicant.budget:
             continue  # RCL-11
-        chosen.append(a)
+        got = batch.check(a)
+        if got is None:
+            continue  # RCL-5/RCL-7: never drop a replica of what the chosen deletions free
+        a, subsumed = got
+        batch.take(a, subsumed, chosen)
         offsets.update(dict.fromkeys(new))
         loss += a.loss
         if host.fits(arena, allocs, list(offsets)):
@@ -650,6 +740,13 @@ def apply_quote(e: Edit, q: Quote) -> None:
             groups.append(a.objects)
         else:
             _apply_one(e, a)
+    # RCL-6/RCL-7: re-validate what moves before the transfer starts: an object this plan's
+    # deletions freed (or that is no longer a Device-only replica) leaves the batch, never raises.
+    stale = [oid for oid in demote if not _demotable(e.state, oid)]
+    if stale:
+        e.note("demotion_stale", tuple(stale))
+        demote = [oid for oid in demote if oid not in stale]
+        groups = [g for g in (tuple(o for o in g if o not in stale) for g in groups) if g]
     if demote and e.state.transaction is None:
         # RCL-7: one transaction for the batch; if its reservation fails, the single groups.
         for objs in [tuple(demote)] + (groups if len(groups) > 1 else []):
@@ -662,6 +759,12 @@ def apply_quote(e: Edit, q: Quote) -> None:
             e.note("demotion_refused", got.reason, objs)
 
 
+def _demotable(state: LedgerState, oid: int) -> bool:
+    """Still alive and held, with a complete Device replica and no Host one (RCL-6)."""
+    o = state.objects.get(oid)
+    return o is not None and bool(o.holders) and o.device is not None and o.device.complete and o.host is None
+
+
 def _apply_one(e: Edit, a: Action) -> None:
     for req in a.waiters:
         if req in e.cache.waiters:
@@ -669,9 +772,14 @@ def _apply_one(e: Edit, a: Action) -> None:
             e.note("revoked_wait", req)
     if a.kind == "drop_replica":
         for oid in a.objects:
+            o = e.state.objects.get(oid)
+            other = None if o is None else (o.host if a.medium == DEVICE else o.device)
+            if o is None or o.replica(a.medium) is None or other is None or not other.complete:
+                e.note("drop_stale", oid)  # RCL-5/RCL-7: freed by this plan's deletions: nothing to drop
+                continue
             got = e.add(plan_drop_replica(e.state, oid, a.medium))
             if isinstance(got, Refusal):
-                raise InvalidRequest(f"quote is stale: {got.detail}")
+                e.note("drop_refused", oid, got.reason)  # the stale part is refused, the rest applies
         return
     for cid in a.cids:
         c = e.cache.checkpoints.get(cid)

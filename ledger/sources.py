@@ -81,15 +81,18 @@ def _bytes(state: LedgerState, c: Checkpoint, takeover: str) -> tuple[int, int, 
     return h2d, copy, tuple(missing), blocked
 
 
-def _exclusive(state: LedgerState, c: Checkpoint, request) -> bool:
+def _exclusive(state: LedgerState, cache: CacheState, c: Checkpoint, request) -> bool:
     """BIND-5: the state can be Moved when nothing but this point (and the request's own
-    waiting reference) holds or reads it."""
+    waiting reference) holds or reads it, and no other waiter references the point (WAIT-1: it
+    would stay intact for that waiter, sharing the state with the writer)."""
     o = state.objects[c.state]
-    return not o.leases and not o.pins and o.holders <= {ckpt_holder(c.cid), wait_holder(request)}
+    return (not o.leases and not o.pins and o.holders <= {ckpt_holder(c.cid), wait_holder(request)}
+            and not any(w.cid == c.cid and w.request != request for w in cache.waiters.values()))
 
 
 def _record_candidate(state, cache, q, c, rec, cost: CostModel):
     can_take = (rec.active is None  # BIND-2: an inactive record may be taken over
+                and q.request not in cache.active  # PAUSE-1: a paused request keeps its own record: Fork
                 and (rec.session is None or rec.session == q.session)  # crossing named entries: branch
                 and (q.publication_order is None or rec.publication_order <= q.publication_order))  # WAIT-3
     carried, retired = (), ()
@@ -104,7 +107,7 @@ def _record_candidate(state, cache, q, c, rec, cost: CostModel):
             else:
                 drop.append(pid)  # BIND-4: deeper or incompatible, approved for replacement
         carried, retired = tuple(keep), tuple(drop)
-        if c.kind == PointKind.END and _exclusive(state, c, q.request):
+        if c.kind == PointKind.END and _exclusive(state, cache, c, q.request):
             kind = Takeover.MOVE
         else:
             kind = Takeover.TAKEOVER_FORK
@@ -153,7 +156,7 @@ def query_sources(state: LedgerState, cache: CacheState, q: SourceQuery, cost: C
     if c is not None and c.owner[0] == "wait" and c.frontier <= n and c.identity.is_prefix_of(q.identity):
         # WAIT-3: the old point this waiter alone keeps (its directory was replaced): an
         # independent branch; exclusively held, its state may still be Moved.
-        kind = Takeover.MOVE if _exclusive(state, c, q.request) else Takeover.FORK
+        kind = Takeover.MOVE if _exclusive(state, cache, c, q.request) else Takeover.FORK
         h2d, copy, missing, blocked = _bytes(state, c, kind)
         total = h2d * cost.h2d_per_byte + copy * cost.d2d_per_byte + (n - c.frontier) * cost.prefill_per_token
         out.append(SourceCandidate(c.cid, c.frontier, kind, None, (), (), h2d, copy, total, True, False, 0, c.cid,

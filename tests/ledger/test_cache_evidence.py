@@ -224,3 +224,46 @@ def test_wait3_two_waiters_on_a_replaced_point_each_branch_from_it():
         if req == "w2":
             assert c1.cid in sim.cache.checkpoints  # still kept for w1
     assert c1.cid not in sim.cache.checkpoints and not sim.cache.waiters
+
+
+# -- WAIT-2: fresh admission revokes only younger, unpaused waiters, never a pause snapshot ----
+def _snapshot(sim, req, base):
+    t = toks(80, base)
+    _, v = start(sim, req, t)
+    v = compute(sim, v, t)
+    sim.apply(L.plan_pause(sim.state, sim.cache, v, snapshot=True))
+    return sim.cache.active[req].snapshot
+
+
+def test_wait2_fresh_admission_never_revokes_a_pause_snapshot():
+    sim = make(slots=2)
+    snap = _snapshot(sim, "p", 6000)
+    _, v = start(sim, "q", toks(40, 9000))  # the last slot: the snapshot is the only victim
+    fresh = L.Applicant(L.ApplicantKind.NECESSARY, revoke_waiters=True, fresh=True, ticket=0, demote=False)
+    q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 1), fresh)
+    assert not q.admitted and not any(snap in a.cids for a in q.actions)
+    q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 1), fresh._replace(demote=True))
+    assert {a.kind for a in q.actions if snap in a.cids} == {"demote"}  # moving it revokes nothing
+    # necessary progress of an admitted request may revoke it (SCH-4; PAUSE-4: it turns to Replay)
+    q = L.quote(sim.state, sim.cache, L.Gap(L.STATE_POOL, 1), fresh._replace(fresh=False))
+    assert q.admitted and q.chosen[0].cids == (snap,)
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+    assert sim.cache.active["p"].snapshot is None
+
+
+def test_wait2_fresh_admission_revokes_only_younger_unpaused_waiters():
+    sim = make(slots=8)
+    for i, base in enumerate((0, 3000, 6000)):
+        _finished(sim, f"a{i}", toks(150, base))
+    _wait(sim, "old", toks(150) + [1], ticket=1, frontier=150)
+    _wait(sim, "young", toks(150, 3000) + [1], ticket=9, frontier=150)
+    _wait(sim, "young_paused", toks(150, 6000) + [1], ticket=8, frontier=150, paused=True)
+    gap = L.Gap(L.STATE_POOL, 8)
+    fresh = L.Applicant(L.ApplicantKind.NECESSARY, revoke_waiters=True, fresh=True, ticket=5, demote=False)
+    revoked = {w for a in L.quote(sim.state, sim.cache, gap, fresh).actions for w in a.waiters}
+    assert revoked == {"young"}
+    assert [w.request for w in L.revocable_waiters(sim.cache, ticket=5, fresh=True)] == ["young"]
+    revoked = {w for a in L.quote(sim.state, sim.cache, gap, fresh._replace(fresh=False)).actions for w in a.waiters}
+    assert revoked == {"old", "young", "young_paused"}
+    no_ticket = fresh._replace(ticket=None)  # a fresh applicant without a ticket revokes no waiter
+    assert not any(a.waiters for a in L.quote(sim.state, sim.cache, gap, no_ticket).actions)

@@ -16,7 +16,7 @@ from cache_helpers import L, make
 from ledger.cache_state import seq_holder
 from ledger_helpers import SETTINGS
 
-STATS = {"capacity": 0, "turns": 0, "captures": 0, "reclaim": 0, "admitted": 0, "deleted": 0}
+STATS = {"capacity": 0, "turns": 0, "captures": 0, "reclaim": 0, "admitted": 0, "deleted": 0, "host_pressure": 0}
 PREFIXES = [list(range(1000 + 100 * i, 1000 + 100 * i + 90)) for i in range(3)]
 
 
@@ -31,7 +31,10 @@ class CacheMachine(RuleBasedStateMachine):
         self.pins: list = []  # object ids pinned by "pinner"
         self.n = 0
 
-    @initialize(cfg=st.sampled_from([(16, 4, 2 * 1024 + 4096, 24), (10, 3, 0, 0), (40, 6, 4 * 4096, 16)]))
+    # The last: a tiny Host arena (two StateImage blocks) under Main KV pressure, where Host
+    # demotions need victims that may hold the very pages demoted (RCL-5, RCL-7).
+    @initialize(cfg=st.sampled_from([(16, 4, 2 * 1024 + 4096, 24), (10, 3, 0, 0), (40, 6, 4 * 4096, 16),
+                                     (12, 4, 2 * 4096, 0)]))
     def configure(self, cfg):
         main, slots, host, backend = cfg
         self.sim = make(main=main, slots=slots, host=host, chunk=64, backend=backend)
@@ -119,16 +122,16 @@ class CacheMachine(RuleBasedStateMachine):
         req = sorted(self.views)[i % len(self.views)]
         v = self.views.pop(req)
         self.sim.apply(L.plan_pause(self.sim.state, self.sim.cache, v, snapshot=snapshot))
-        self.paused[req] = self.tokens[req][: v.frontier]
+        self.paused[req] = self.tokens[req]
 
     @precondition(lambda self: self.paused)
-    @rule(i=st.integers(0, 9))
-    def resume(self, i):
+    @rule(i=st.integers(0, 9), pick=st.integers(0, 3))
+    def resume(self, i, pick):
         req = sorted(self.paused)[i % len(self.paused)]
-        toks = self.paused[req]
+        toks = self.paused[req]  # Replay queries for its whole target; a Snapshot redeems itself (SRC-5)
         snap = self.sim.cache.active[req].snapshot
         cands = L.query_sources(self.sim.state, self.sim.cache, L.SourceQuery(req, L.identity_of(toks), snapshot=snap))
-        cand = cands[0]
+        cand = cands[pick % len(cands)]
         if cand.missing or cand.blocked:
             return
         res = L.plan_bind(self.sim.state, self.sim.cache, L.BindRequest(req, cand, resume=True))
@@ -212,6 +215,14 @@ class CacheMachine(RuleBasedStateMachine):
     def release_lease(self):
         self.sim.apply(L.plan_release_leases(self.sim.state, [self.leases.pop(0)], "reader"))
 
+    @precondition(lambda self: self.sim.cache.checkpoints)
+    @rule(i=st.integers(0, 999))
+    def demand(self, i):
+        """Two requests' new prefill crosses a kept point (HEAT-2): its own repeated demand
+        (RCL-9) frees its Host write-back from the cold budget."""
+        cps = sorted(self.sim.cache.checkpoints)
+        _observe_twice(self.sim, self.sim.cache.checkpoints[cps[i % len(cps)]])
+
     @rule(pool=st.sampled_from([L.STATE_POOL, L.MAIN_KV, "backend_kv:mtp", L.HOST]), amount=st.integers(1, 6),
           kind=st.sampled_from([L.ApplicantKind.NECESSARY, L.ApplicantKind.CAPTURE]), revoke=st.booleans(),
           budget=st.integers(0, 400))
@@ -225,6 +236,7 @@ class CacheMachine(RuleBasedStateMachine):
         ap = L.Applicant(kind, budget=budget, revoke_waiters=revoke and kind == L.ApplicantKind.NECESSARY)
         q = L.quote(s, c, L.Gap(pool, amount), ap)
         assert (self.sim.state, self.sim.cache) == (s, c)  # RCL-2: a quote takes nothing
+        L.check_quote(s, c, q)  # RCL-5, RCL-7: it never moves what its own deletions free
         res = L.plan_reclaim(s, c, q)
         if isinstance(res, L.Refusal):
             assert not q.admitted
@@ -277,6 +289,85 @@ class CacheMachine(RuleBasedStateMachine):
         assert all(len(p.free) == p.spec.capacity for p in s.pools.values())
 
 
+class HostPressureMachine(RuleBasedStateMachine):
+    """RCL-5, RCL-7, HOST-1: Main KV pressure with a tiny Host arena. Whole requests leave
+    points that share their pages (BIND-3), StateImages are written back to Host until the arena
+    is full, and necessary quotes demote pages whose Host room must come from deleting points:
+    every quote must be consistent (check_quote) and commit."""
+
+    def __init__(self):
+        super().__init__()
+        self.sim = make(main=10, slots=6, host=2 * 4096, chunk=64)
+        self.n = 0
+
+    @rule(p=st.integers(0, 2), extra=st.sampled_from([60, 170, 200]), out=st.integers(2, 30),
+          demand=st.booleans())
+    def turn(self, p, extra, out, demand):
+        """One whole request (its own shortfalls reclaimed by the simulator): its input point
+        and E share their pages (BIND-3) and their StateImages go to Host while there is room;
+        with `demand`, two other requests' prefill crossed its input point (RCL-9: its Host
+        write-back is not bound by the cold budget)."""
+        self.n += 1
+        toks = PREFIXES[p] + [(self.n * 11 + i) % 500 for i in range(extra)]
+        try:
+            self.sim.run(f"t{self.n}", toks, [L.simulate.SavePoint(len(toks))], output=tuple(range(out)))
+        except L.simulate.CapacityError:
+            return
+        mine = [c for c in self.sim.cache.checkpoints.values() if c.identity.tokens[:len(toks)] == tuple(toks)]
+        for c in mine:
+            self.state_to_host_of(c)
+        for c in mine if demand else ():
+            if c.frontier == len(toks):
+                _observe_twice(self.sim, c)
+
+    @precondition(lambda self: self.sim.cache.checkpoints)
+    @rule(i=st.integers(0, 999))
+    def state_to_host(self, i):
+        """A StateImage written back to Host, its Device slot freed (a Host demotion)."""
+        cps = sorted(self.sim.cache.checkpoints)
+        self.state_to_host_of(self.sim.cache.checkpoints[cps[i % len(cps)]])
+
+    def state_to_host_of(self, c):
+        o = self.sim.state.objects[c.state]
+        if o.host is None and o.device is not None and not o.leases and not o.pins:
+            got = L.plan_begin_transfer(self.sim.state, L.TransferRequest(
+                L.TxnKind.DEMOTION, "mover", [c.state], L.HOST_MEDIUM, drop_source=True))
+            if not isinstance(got, L.Refusal):
+                self.sim.apply(got)
+                self.sim.drive_transaction()
+
+    @precondition(lambda self: self.sim.cache.checkpoints)
+    @rule(i=st.integers(0, 999), more=st.sampled_from([0, 0, -2, 3]))
+    def reclaim(self, i, more):
+        """Necessary execution short of Main KV pages (RCL-8): about one kept history's pages."""
+        s, c = self.sim.state, self.sim.cache
+        cp = c.checkpoints[sorted(c.checkpoints)[i % len(c.checkpoints)]]
+        amount = max(1, sum(len(pages) for _, pages in cp.kv) + more)
+        q = L.quote(s, c, L.Gap(L.MAIN_KV, amount), L.Applicant(L.ApplicantKind.NECESSARY))
+        L.check_quote(s, c, q)
+        res = L.plan_reclaim(s, c, q)
+        assert isinstance(res, L.CacheResult) == q.admitted
+        if q.admitted:
+            STATS["host_pressure"] += any(a.host_victims for a in q.chosen)
+            self.sim.apply(res)
+            self.sim.drive_transaction()
+
+    @invariant()
+    def consistent(self):
+        L.check_cache(self.sim.state, self.sim.cache)
+
+    def teardown(self):
+        self.sim.drive_transaction()
+        self.sim.clear()
+        assert not self.sim.state.objects and self.sim.state.arena.used_bytes == 0
+
+
+def _observe_twice(sim, c):
+    """HEAT-2: two other requests' new prefill crossed c's position: repeated demand there."""
+    for req in (("observer", 0), ("observer", 1)):
+        sim.cache = L.observe_prefill(sim.cache, req, c.identity, 0, c.frontier, [c.frontier])
+
+
 def _end_paused(sim, req):
     """A paused request is cancelled: it holds no view; only its snapshot and binding go."""
     return L.plan_cancel_paused(sim.state, sim.cache, req)
@@ -284,3 +375,5 @@ def _end_paused(sim, req):
 
 CacheMachine.TestCase.settings = settings(SETTINGS, max_examples=50, stateful_step_count=30)
 test_cache_random_operation_sequences = CacheMachine.TestCase
+HostPressureMachine.TestCase.settings = settings(SETTINGS, max_examples=60, stateful_step_count=15)
+test_cache_host_pressure_sequences = HostPressureMachine.TestCase

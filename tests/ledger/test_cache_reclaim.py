@@ -318,3 +318,127 @@ def test_rcl12_host_victims_of_a_demotion_also_answer_to_the_outer_capture_budge
         assert q.admitted == ok
         for a in q.chosen:
             assert a.loss + sum(v.loss for v in a.host_victims) < budget
+
+
+# -- a plan never frees what it then moves (RCL-5, RCL-7) ------------------------------------
+def _two_points_on_host(sim):
+    """One history: input point I at 300 and E at 310 hold the same five Main KV pages (BIND-3);
+    both StateImages lie on Host only and fill the arena, so the only Host victims are I and E."""
+    t = toks(300)
+    _, v = start(sim, "a", t)
+    v = compute(sim, v, t)
+    capture(sim, v, INPUT)
+    v = compute(sim, v, t + list(range(11)), 310)
+    end(sim, v)
+    inp, = points(sim, INPUT)
+    e, = points(sim, END)
+    assert inp.kv == e.kv and len(inp.kv[0][1]) == 5
+    sim.apply(L.plan_begin_transfer(sim.state, L.TransferRequest(
+        L.TxnKind.DEMOTION, "t", [inp.state, e.state], L.HOST_MEDIUM, drop_source=True)))
+    sim.drive_transaction()
+    assert sim.state.arena.free_bytes == 0
+    for req in ("x", "y"):  # RCL-9: repeated demand at I: its write-back is not budget-bound
+        sim.cache = L.observe_prefill(sim.cache, req, L.identity_of(t), 0, 300, [300])
+    assert sim.cache.checkpoints[inp.cid].demand_time
+    return inp, e
+
+
+def test_rcl5_rcl7_a_demotion_never_takes_host_victims_that_together_free_its_pages():
+    sim = make(main=8, slots=4, host=2 * 4096)
+    inp, e = _two_points_on_host(sim)
+    pages = set(inp.kv[0][1])
+    # Demoting the five pages needs 5 KiB of Host: both StateImage blocks. Deleting I or E alone
+    # frees no page, deleting both frees all five: that demotion must not be offered.
+    q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 5), NEC)
+    assert not any(a.kind == "demote" and set(a.objects) & pages for a in q.actions)
+    assert q.admitted
+    L.check_quote(sim.state, sim.cache, q)
+    free = len(sim.state.pool(L.MAIN_KV).free)
+    res = L.plan_reclaim(sim.state, sim.cache, q)  # used to raise UnknownObject
+    sim.apply(res)
+    sim.drive_transaction()
+    assert len(sim.state.pool(L.MAIN_KV).free) >= free + 5
+    assert not set(sim.state.objects) & pages
+
+
+def test_rcl7_apply_quote_drops_from_the_transfer_what_the_same_plan_deleted():
+    sim = make(main=8, slots=4, host=1 << 16)
+    t = toks(200)
+    _, v = start(sim, "a", t)
+    v = compute(sim, v, t)
+    end(sim, v)
+    e, = points(sim, END)
+    q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 4), NEC)
+    demote = next(a for a in q.actions if a.kind == "demote")
+    delete = next(a for a in q.actions if a.kind == "delete" and a.cids == (e.cid,))
+    stale = q._replace(chosen=(delete, demote))  # a move of what the same plan deletes
+    try:
+        L.check_quote(sim.state, sim.cache, stale)
+        raise AssertionError("check_quote accepted a quote that moves what it deletes")
+    except L.IntegrityError:
+        pass
+    res = L.plan_reclaim(sim.state, sim.cache, stale)  # never raises
+    assert ("demotion_stale", demote.objects) in res.outcome
+    sim.apply(res)
+    assert sim.state.transaction is None and not sim.state.objects
+
+
+def _page_with_host_duplicate(sim, host_state=False):
+    """E at 200 (four pages); page 0 also lies on Host (a complete duplicate). With
+    `host_state`, the pages lie on Host only and the StateImage on both media instead."""
+    t = toks(200)
+    _, v = start(sim, "a", t)
+    v = compute(sim, v, t)
+    end(sim, v)
+    e, = points(sim, END)
+    pages = list(e.kv[0][1])
+    if host_state:
+        sim.apply(L.plan_begin_transfer(sim.state, L.TransferRequest(
+            L.TxnKind.DEMOTION, "t", pages, L.HOST_MEDIUM, drop_source=True)))
+        sim.drive_transaction()
+        ids = [e.state]
+    else:
+        ids = pages[:1]
+    sim.apply(L.plan_begin_transfer(sim.state, L.TransferRequest(L.TxnKind.DEMOTION, "t", ids, L.HOST_MEDIUM)))
+    sim.drive_transaction()
+    return e
+
+
+def test_rcl7_a_deletion_takes_over_the_replica_drop_of_content_it_frees():
+    sim = make(main=8, slots=4, host=1 << 16)
+    e = _page_with_host_duplicate(sim)
+    dup = e.kv[0][1][0]
+    q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 4), NEC_NO_DEMOTE)
+    assert q.admitted
+    # not "drop page 0's Device replica" and then "delete E", which frees page 0 whole
+    assert [a.kind for a in q.chosen] == ["delete"] and dup in q.chosen[0].objects
+    L.check_quote(sim.state, sim.cache, q)
+    assert q.freed == 4
+    free = len(sim.state.pool(L.MAIN_KV).free)
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+    assert len(sim.state.pool(L.MAIN_KV).free) == free + 4 and dup not in sim.state.objects
+
+
+def test_rcl7_host_quote_never_drops_a_replica_its_deletion_frees():
+    sim = make(main=8, slots=4, host=4 * 1024 + 4096)
+    e = _page_with_host_duplicate(sim, host_state=True)  # the arena is full: 4 pages + the state copy
+    assert sim.state.arena.free_bytes == 0
+    q = L.quote(sim.state, sim.cache, L.Gap(L.HOST, 8192, (L.arena.HostAllocation(8192),)), NEC)
+    assert q.admitted and [a.kind for a in q.chosen] == ["delete"]
+    L.check_quote(sim.state, sim.cache, q)
+    assert q.freed == 8192
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+    assert sim.state.arena.used_bytes == 0 and e.state not in sim.state.objects
+
+
+def test_rcl7_a_stale_replica_drop_is_skipped_never_raised():
+    sim = make(main=8, slots=4, host=1 << 16)
+    e = _page_with_host_duplicate(sim)
+    dup = e.kv[0][1][0]
+    q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 4), NEC_NO_DEMOTE)
+    drop = next(a for a in q.actions if a.kind == "drop_replica")
+    delete = next(a for a in q.actions if a.kind == "delete")
+    res = L.plan_reclaim(sim.state, sim.cache, q._replace(chosen=(delete, drop)))
+    assert ("drop_stale", dup) in res.outcome
+    sim.apply(res)
+    assert dup not in sim.state.objects

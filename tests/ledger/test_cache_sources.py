@@ -209,3 +209,95 @@ def test_src5_a_source_in_flight_is_not_bound_the_request_waits():
     sim.drive_transaction()
     cand = [c for c in served(sim, toks(200) + [4], req="b") if c.cid == inp.cid][0]
     assert not cand.blocked and cand.missing  # now on Host: a bind transaction first
+
+
+# -- a writer's StateImage is never shared (BIND-5, doctrine 2) -------------------------------
+def _paused_behind_a_finished_record(sim):
+    """p is admitted from root and paused (Replay); then a finishes: a's E is an exact prefix of
+    p's target and a's record is inactive."""
+    t = toks(150)
+    full = t + list(range(700, 720))
+    p_toks = full + [5] * 30
+    _, vp = start(sim, "p", p_toks)  # nothing cached yet: root
+    vp = compute(sim, vp, p_toks, 100)
+    sim.apply(L.plan_pause(sim.state, sim.cache, vp, snapshot=False))
+    _, va = start(sim, "a", t)
+    va = compute(sim, va, t)
+    va = compute(sim, va, full, len(full) - 1)
+    end(sim, va)
+    (e,) = points(sim, END)
+    return p_toks, e
+
+
+def _resume(sim, req, cand):
+    res = L.plan_bind(sim.state, sim.cache, L.BindRequest(req, cand, resume=True))
+    assert isinstance(res, L.CacheResult), res
+    sim.apply(res)  # check_cache: the writer's StateImage is its own
+    return [o for o in res.outcome if o[0] == "view"][0][1]
+
+
+def test_bind5_check_cache_rejects_a_writer_state_shared_with_a_checkpoint():
+    sim = make()
+    _finished(sim, "a", toks(100))
+    (e,) = points(sim, END)
+    shared = L.commit(sim.state, L.plan_add_holders(sim.state, [e.state], L.seq_holder("w")))
+    try:
+        L.check_cache(shared, sim.cache)
+        raise AssertionError("check_cache accepted a StateImage held by a writer and a checkpoint")
+    except L.IntegrityError as err:
+        assert "StateImage" in str(err)
+    page = e.kv[0][1][0]  # KV pages may be shared with a writer
+    L.check_cache(L.commit(sim.state, L.plan_add_holders(sim.state, [page], L.seq_holder("w"))), sim.cache)
+
+
+def test_bind5_a_resumed_request_forks_from_another_records_end_never_shares_its_state():
+    sim = make()
+    p_toks, e = _paused_behind_a_finished_record(sim)
+    rid = e.owner[1]
+    cand = [c for c in served(sim, p_toks, req="p") if c.cid == e.cid][0]
+    # PAUSE-1: p keeps its own record; it neither takes over a's record nor Moves a's E
+    assert cand.takeover == L.Takeover.FORK and cand.rid is None and not cand.retired
+    state = _resume(sim, "p", cand)
+    assert state != e.state and sim.state.objects[e.state].holders == {("ckpt", e.cid)}
+    assert sim.cache.records[rid].end == e.cid and sim.cache.records[rid].active is None
+
+
+def test_bind5_a_stale_move_candidate_on_resume_is_bound_as_a_fork():
+    sim = make()
+    p_toks, e = _paused_behind_a_finished_record(sim)
+    rid = e.owner[1]
+    cand = [c for c in served(sim, p_toks, req="p") if c.cid == e.cid][0]
+    move = cand._replace(takeover=L.Takeover.MOVE, rid=rid)  # what query_sources used to return
+    state = _resume(sim, "p", move)
+    assert state != e.state and e.cid in sim.cache.checkpoints
+    assert sim.cache.records[rid].end == e.cid and sim.cache.records[rid].active is None
+
+
+def test_bind5_a_move_candidate_gone_stale_by_a_new_waiter_keeps_the_state_for_it():
+    sim = make()
+    full = _finished(sim, "a", toks(100), input_point=False)
+    (e,) = points(sim, END)
+    cand = [c for c in served(sim, full + [1], req="b") if c.cid == e.cid][0]
+    assert cand.takeover == L.Takeover.MOVE
+    w = [c for c in served(sim, full + [2], req="w") if c.cid == e.cid][0]
+    sim.apply(L.plan_wait(sim.state, sim.cache, "w", w, ticket=7))  # after b's query
+    res = L.plan_bind(sim.state, sim.cache, L.BindRequest("b", cand))
+    sim.apply(res)  # check_cache: a Move would leave E kept for w, sharing b's StateImage
+    view = [o for o in res.outcome if o[0] == "view"][0]
+    assert view[1] != e.state and L.wait_holder("w") in sim.state.objects[e.state].holders
+
+
+def test_wait3_a_paused_waiters_orphaned_point_is_moved_and_retired():
+    sim = make()
+    p_toks, e = _paused_behind_a_finished_record(sim)
+    w = [c for c in served(sim, p_toks, req="p") if c.cid == e.cid][0]
+    sim.apply(L.plan_wait(sim.state, sim.cache, "p", w, ticket=1, paused=True))
+    _, vb = start(sim, "b", [c for c in p_toks[:170]] + [9, 9])  # a's owner moves on ...
+    vb = compute(sim, vb, p_toks[:170] + [9, 9])
+    end(sim, vb)  # ... and retires E: kept for the waiter p only (WAIT-1)
+    assert sim.cache.checkpoints[e.cid].owner == ("wait", "p")
+    cand = [c for c in served(sim, p_toks, req="p") if c.cid == e.cid][0]
+    assert cand.takeover == L.Takeover.MOVE and cand.rid is None  # WAIT-3: its exclusive old point
+    state = _resume(sim, "p", cand)
+    assert state == e.state and e.cid not in sim.cache.checkpoints  # Moved, and the point retired
+    assert sim.state.objects[state].holders == {L.seq_holder("p")}
