@@ -13,6 +13,7 @@ from ninfer_jax.errors import ConfigError
 from ninfer_jax.model.config import ModelConfig
 
 BACKENDS = ("xla", "pallas", "interpret")
+PAUSE_ROUTES = ("auto", "snapshot", "replay")  # PAUSE-2: how a preempted request keeps its work
 DEFAULT_DEVICE_BUDGET = 1 << 30  # bytes for KV + StateImages when kv_capacity is solved (CFG-2)
 
 
@@ -51,6 +52,9 @@ class EngineConfig:
     device_memory_bytes: int | None = None  # budget for the CFG-2 solve (default 1 GiB)
     max_queue: int = 4096  # waiting requests beyond this are refused (QueueFullError)
     progress: bool = True  # warm-up progress lines on stderr
+    # PAUSE-2: Snapshot (copy the unique content to Host, read it back on resume) or Replay
+    # (recompute what was computed); "auto" lets the cost model compare copy vs recompute.
+    pause_route: str = "auto"
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -69,6 +73,8 @@ class EngineConfig:
             raise ConfigError("backend", f"must be one of {BACKENDS}, got {self.backend!r}")
         if not isinstance(self.max_queue, int) or self.max_queue < 1:
             raise ConfigError("max_queue", f"must be a positive int, got {self.max_queue!r}")
+        if self.pause_route not in PAUSE_ROUTES:
+            raise ConfigError("pause_route", f"must be one of {PAUSE_ROUTES}, got {self.pause_route!r}")
         if not isinstance(self.context_cache, ContextCacheConfig):
             raise ConfigError("context_cache", "must be a ContextCacheConfig")
 

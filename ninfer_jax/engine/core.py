@@ -1,24 +1,26 @@
 """EngineCore: the one control thread's scheduling cycle (G-8, SCH-1).
 
 Each `step()` is one cycle:
-  1. inbox: new requests join the fresh queue; cancels end requests wherever they are and
-     release everything at once;
-  2. resident unit permits, by original ticket (RES-3): each decoding row asks for the page
-     its next token may need, the oldest prefilling row for its next chunk's pages. Rows short
-     of units first take optional cache (RCL-8); if the oldest resident is still refused, the
-     youngest other resident is paused by Replay (its view dropped, its tokens kept; SCH-4,
+  1. inbox: new requests join the fresh queue; cancels end requests wherever they are (queued,
+     resident, paused) and release everything at once;
+  2. on a real capacity event, the oldest paused request tries its full recovery
+     (engine/preempt.py: Snapshot or Replay under the recovery permit, SCH-10, RES-5);
+  3. resident unit permits, recovery first then by original ticket (RES-3): each decoding row
+     asks for the page its next token may need, the prefill turn (rotating among prefilling
+     residents, SCH-8; the recovery holder first) for its next chunk's pages; the recovery
+     holder draws from its own permit. Rows short of units first take optional cache (RCL-8);
+     if the oldest resident is still refused, the youngest other resident is paused (SCH-4,
      G-5) and the permits are planned again at once (RES-4); alone and still refused, it gets
      the capacity contract error (RES-6);
-  3. fresh admission from the surplus, FIFO with bounded overtaking (SCH-2): each admitted
+  4. fresh admission from the surplus, FIFO with bounded overtaking (SCH-2): each admitted
      request binds the best recovery source the cache has (engine/reuse.py); without a free
      lane, queued requests keep their chosen source under a waiting reference (WAIT-1);
-  4. one compact decode batch and one prefill chunk (SCH-1, SCH-8), chunks ending at the
-     frontend's semantic frontiers, captures there (REC-8, SAVE-*);
-  5. settlement of every permit (RES-3); finished rows publish E and release their objects.
+  5. one compact decode batch and one prefill chunk (SCH-1, SCH-8), chunks ending at the
+     frontend's semantic frontiers, captures there (REC-8, SAVE-*); recomputing what a paused
+     request had computed is Replay, the rest is ordinary prefill (OBS-1);
+  6. settlement of every cycle permit (RES-3); finished rows publish E and release their objects.
 Every resource change is a ledger plan committed through the Program; the core keeps no
 occupancy ledger of its own.
-
-Seam for later issues: `_pause` (only the Replay route; Snapshot is PAUSE-*).
 """
 from __future__ import annotations
 
@@ -31,10 +33,12 @@ import time
 from typing import Sequence
 
 import ledger
-from ledger import MAIN_KV, STATE_POOL, Refusal, UnitDemand, UnitKind
+from ledger import MAIN_KV, Refusal, UnitDemand, UnitKind
 from ninfer_jax.engine import sampling
 from ninfer_jax.engine.detok import Detokenizer
-from ninfer_jax.engine.request import DECODE, FINISHED, PREFILL, QUEUED, Request, RequestHandle
+from ninfer_jax.engine.integrity import check_engine
+from ninfer_jax.engine.preempt import Preemption
+from ninfer_jax.engine.request import DECODE, FINISHED, PAUSED, PREFILL, QUEUED, Request, RequestHandle
 from ninfer_jax.engine.reuse import ContextCache, SavePoint
 from ninfer_jax.engine.scheduler import FreshQueue
 from ninfer_jax.engine.types import SamplingParams, TokenDelta, check_prompt
@@ -48,6 +52,7 @@ COUNTERS = (
     "prompt_tokens", "prefill_tokens", "replay_tokens", "reused_tokens", "cached_tokens",
     "generated_tokens", "cache_hits", "h2d_bytes", "d2h_bytes",
     "pauses_replay", "pauses_snapshot", "resumes_replay", "resumes_snapshot",
+    "snapshot_bytes", "snapshot_revocations", "snapshot_fallbacks", "recovery_permit_seconds",
     "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
     "captures", "captures_skipped", "reclaims", "full_hits", "waits",
 )
@@ -69,6 +74,8 @@ class EngineCore:
         cache_cfg = program.config.context_cache
         self.reuse = ContextCache(program, self.counters, enabled=cache_cfg.enabled,
                                   execution=program.execution_tag)
+        self.preempt = Preemption(self)
+        self._last_turn = 0  # ticket of the last prefill turn (SCH-8 rotation)
         self.cycle_seconds = 0.0  # wall time in step(), for the overhead figure
         self.compute_seconds = 0.0  # wall time inside the Program's steps
 
@@ -100,7 +107,11 @@ class EngineCore:
 
     # ---- the cycle (engine thread) ---------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.residents or len(self.fresh))
+        return bool(self.residents or len(self.fresh) or len(self.preempt))
+
+    @property
+    def recovery_pending(self) -> bool:
+        return self.preempt.recovery_pending
 
     def step(self) -> None:
         start = time.perf_counter()
@@ -147,6 +158,7 @@ class EngineCore:
         self.fresh.push(req)
 
     def _cycle(self) -> None:
+        self.preempt.maybe_recover()  # SCH-1: recovery first, on a real capacity event
         permits = self._resident_permits()
         prefill = permits.get("prefill")
         admitted = self._admit(take_prefill=prefill is None)
@@ -155,7 +167,7 @@ class EngineCore:
         self._allocate(permits["decode"], prefill)
         if decode_rows:
             self._run_decode(decode_rows)
-        if prefill is not None:
+        if prefill is not None and prefill[0].phase == PREFILL:
             self._run_prefill(prefill[0])
         self._settle(permits["decode"], prefill)
 
@@ -164,28 +176,53 @@ class EngineCore:
     def _pages_needed(req: Request, upto: int) -> int:
         return max(0, math.ceil(upto / PAGE) - len(req.pages))
 
-    def _chunk(self, req: Request) -> int:
-        """Tokens of the next prefill chunk: it ends exactly at the next semantic frontier
-        (REC-8), never past the target; a chunk end by itself is never a save (G-6)."""
+    def _chunk_end(self, req: Request, at: int) -> int:
+        """End of the prefill chunk starting at `at`: exactly at the next semantic frontier
+        (REC-8), at the old frontier while replaying, never past the target; a chunk end by
+        itself is never a save (G-6)."""
         end = len(req.target)
-        if not req.replaying:
-            end = next((f for f in req.splits if f > req.fed), end)
-        return min(self.program.chunk_size, end - req.fed)
+        if at < req.computed:
+            end = req.computed
+        end = next((f for f in req.splits if at < f < end), end)
+        return min(at + self.program.chunk_size, end)
+
+    def _chunk(self, req: Request) -> int:
+        return self._chunk_end(req, req.fed) - req.fed
+
+    def _unit_end(self, req: Request, at: int) -> int:
+        """RD-7: where the unit starting at `at` reaches: one decode step past the target, or
+        one prefill chunk of the configured size."""
+        return at + 1 if at >= len(req.target) else self._chunk_end(req, at)
+
+    def _prefill_turn(self) -> Request | None:
+        """SCH-7/SCH-8: the recovery holder rebuilding first; otherwise prefilling residents
+        rotate the turn by ticket at chunk boundaries."""
+        rows = [r for r in self.residents if r.phase == PREFILL]
+        if not rows:
+            return None
+        holder = self.preempt.holder
+        if holder is not None and holder.phase == PREFILL:
+            return holder
+        return next((r for r in rows if r.ticket > self._last_turn), rows[0])
 
     def _resident_permits(self) -> dict:
-        """RES-3: resident rows by ticket; the oldest always progresses (pausing the young)."""
+        """RES-3: resident rows, recovery first then by ticket; the oldest always progresses
+        (pausing the young, SCH-4)."""
         reclaimed = False
+        turn = self._prefill_turn()
+        holder = self.preempt.holder
         while True:
-            prefill_req = next((r for r in self.residents if r.phase == PREFILL), None)
             rows, demands = [], []
             for r in self.residents:
                 if r.phase == DECODE:
                     need, kind = self._pages_needed(r, r.fed + 1), UnitKind.DECODE
-                elif r is prefill_req:
+                elif r is turn:
                     kind = UnitKind.REPLAY if r.replaying else UnitKind.PREFILL
                     need = self._pages_needed(r, r.fed + self._chunk(r))
                 else:
                     continue
+                if r is holder and need <= self._permit_left(r):
+                    continue  # RES-5: drawn from the recovery permit the Program holds
                 rows.append(r)
                 demands.append(UnitDemand(r.key, kind, {MAIN_KV: need}))
             plan = ledger.plan_cycle_permits(self.program.state, demands)
@@ -201,30 +238,51 @@ class EngineCore:
                             gaps[pool] = gaps.get(pool, 0) + n
                 if gaps and self.reuse.reclaim(gaps):
                     continue
-            if refused and refused[0] is self.residents[0]:
-                # The oldest resident still cannot progress (SCH-4): pause the youngest other
-                # resident and plan again at once (RES-4).
-                if len(self.residents) > 1:
-                    self._pause(self.residents[-1])
-                    reclaimed = False  # the pause changed what the cache may give up
-                    continue  # RES-4: plan again at once on the new capacity
-                self._capacity_error(refused[0], plan.proof.rows[rows.index(refused[0])])
+            oldest = self.residents[0] if self.residents else None
+            first = next((r for r in self.residents if r.phase == PREFILL), None)
+            if refused and turn in refused and turn is not first and turn is not holder:
+                turn = first  # SCH-8: a rotated turn that cannot run goes back to the oldest
                 continue
+            if refused and refused[0] is oldest:
+                # SCH-4: the oldest resident cannot progress: pause the youngest other resident
+                # that may be preempted and plan again at once (RES-4).
+                victims = self.preempt.pausable(exclude=(oldest,))
+                if victims:
+                    self.preempt.pause(victims[0])
+                    if victims[0] is turn:
+                        turn = self._prefill_turn()
+                    reclaimed = False  # the pause changed what the cache may give up
+                    continue
+                if holder is None:  # alone: no releaser exists (RES-6)
+                    self._capacity_error(oldest, plan.proof.rows[rows.index(oldest)])
+                    turn = self._prefill_turn()
+                    continue
+                # the recovery holder holds its permit and will release: the oldest waits
             self.program.commit(plan)
             out = {"decode": {}}
-            for r, got in zip(rows, plan.proof.rows):
-                if isinstance(got, Refusal):
+            granted = dict(zip(map(id, rows), plan.proof.rows))
+            for r in self.residents:
+                got = granted.get(id(r))
+                if got is None and r is holder and (r.phase == DECODE or r is turn):
+                    got = r.recovery_permit
+                if got is None or isinstance(got, Refusal):
                     continue  # waits for a later cycle; the oldest row is never here
-                if r is prefill_req:
+                if r is turn and r.phase == PREFILL:
                     out["prefill"] = (r, got)
-                else:
+                elif r.phase == DECODE:
                     out["decode"][r] = got
+            if "prefill" in out:
+                self._last_turn = out["prefill"][0].ticket
             return out
+
+    def _permit_left(self, req: Request) -> int:
+        p = self.program.state.permits.get(req.recovery_permit) if req.recovery_permit is not None else None
+        return -1 if p is None else p.remaining.get(MAIN_KV, 0)
 
     def _admit(self, take_prefill: bool = True):
         """Fresh admission from the surplus (RES-3, SCH-2): each candidate asks the cache for
         sources and binds the best it can have. Returns the prefill turn if an admitted
-        request takes it."""
+        request takes it. Paused requests are not here: they recover by ticket (SCH-6)."""
         turn = None
         lanes = self.c - len(self.residents)
         if not len(self.fresh):
@@ -242,17 +300,20 @@ class EngineCore:
 
         def try_admit(req: Request) -> bool:
             nonlocal turn
-            first = min(self.program.chunk_size, len(req.target))
+            # WAIT-2: fresh admission may revoke only younger waiters, never a pause snapshot.
+            applicant = ledger.Applicant(ledger.ApplicantKind.NECESSARY, ticket=req.ticket, fresh=True)
             bound = self.reuse.bind(req.ticket, self._identity(req, len(req.target)), session=req.session,
-                                    first_unit_tokens=first,
-                                    ticket=req.ticket, resume=req.replaying)
+                                    unit_end=lambda f: self._unit_end(req, f), ticket=req.ticket,
+                                    resume=False, applicant=applicant)
             if isinstance(bound, Refusal):
-                if not self.residents and req is self.fresh.head() and bound.reason == "shortfall":
+                if (not self.residents and not len(self.preempt) and req is self.fresh.head()
+                        and bound.reason == "shortfall"):
                     self._capacity_error(req, bound)  # nothing else holds anything (RES-6)
                 return False
             self._bind(req, bound)
             if req.phase == PREFILL and turn is None and take_prefill:
                 turn = (req, bound.permit)
+                self._last_turn = req.ticket
             elif bound.permit is not None and bound.permit in self.program.state.permits:
                 self._settle_permit(req, bound.permit)
             return True
@@ -262,29 +323,28 @@ class EngineCore:
 
     def _bind(self, req: Request, bound) -> None:
         """Adopt the binding the cache gave: lane, StateImage slot, the source's pages (seam of
-        BIND-*); an exact hit of the whole target samples from the continuation hidden."""
+        BIND-*); with the whole target covered and no token yet, it samples from the
+        continuation hidden (an exact hit, or a recovery at its prompt end)."""
         state = self.program.state
         req.bound = True
         req.slot_object, req.slot = bound.state_object, state.objects[bound.state_object].device.location
         req.page_objects = list(bound.page_objects)
         req.pages = [state.objects[o].device.location for o in bound.page_objects]
         req.fed = bound.frontier
-        if not req.replaying:
+        if req.t_admitted is None:
             req.cached_tokens = bound.frontier
             self.counters["cached_tokens"] += bound.frontier
-        req.phase = PREFILL
-        if req.t_admitted is None:
             req.t_admitted = self.program.clock()
+        req.phase = PREFILL
         self.residents.append(req)
         self.residents.sort(key=lambda r: r.ticket)
         if req.fed == len(req.target):
             req.phase = DECODE
-            if req.replaying:
-                req.replaying = False
-                self.counters["resumes_replay"] += 1
-            elif not req.output:
-                self.counters["full_hits"] += 1
+            if not req.output:
+                if req.recovery_permit is None:
+                    self.counters["full_hits"] += 1
                 self._sample(req, self.program.hidden_logits(req.slot, req.target[-1], len(req.target) - 1))
+        req.computed = max(req.computed, req.fed)  # past here, bound tokens are not recomputed
 
     def _allocate(self, decode_permits: dict, prefill) -> None:
         grants = list(decode_permits.items())
@@ -308,7 +368,8 @@ class EngineCore:
         if prefill is not None:
             pairs.append((prefill[1], prefill[0].key))
         live = self.program.state.permits
-        pairs = [p for p in pairs if p[0] in live]  # a finished row's permit went with it
+        # A finished row's permit went with it; the recovery permit outlives the cycle (RES-5).
+        pairs = [p for p in pairs if p[0] in live and p[0] != self.program.state.recovery_permit]
         if pairs:
             self.program.commit(ledger.plan_settle_all(self.program.state, pairs))
 
@@ -320,6 +381,7 @@ class EngineCore:
         self.counters["decode_steps"] += 1
         for r, row_logits in zip(rows, logits):
             r.fed += 1
+            r.computed = max(r.computed, r.fed)
             self._sample(r, row_logits)
 
     def _run_prefill(self, req: Request) -> None:
@@ -329,19 +391,21 @@ class EngineCore:
         logits = self.program.prefill(tokens, req.fed, req.pages, req.slot)
         self.compute_seconds += time.perf_counter() - t0
         self.counters["prefill_chunks"] += 1
-        self.counters["replay_tokens" if req.replaying else "prefill_tokens"] += n
+        replay = req.replaying
+        # OBS-1: recomputing what was computed before a pause is Replay; the rest is prefill.
+        self.counters["replay_tokens" if replay else "prefill_tokens"] += n
         lo = req.fed
         req.fed += n
-        if not req.replaying:
+        req.computed = max(req.computed, req.fed)
+        if not replay:
+            self.preempt.end_recovery(req)  # RES-5: a new prefill commit is real new progress
             self._after_prefill(req, lo)
         if req.fed < len(req.target):
             return
         req.phase = DECODE
-        if req.replaying:  # the binding is rebuilt; the pending token is decoded next (PAUSE-5)
-            req.replaying = False
-            self.counters["resumes_replay"] += 1
-        else:
-            self._sample(req, logits)
+        if not req.output:
+            self._sample(req, logits)  # the prompt's end: its first token
+        # else the binding is rebuilt; the pending token is decoded next (PAUSE-5)
 
     def _identity(self, req: Request, n: int):
         """The identity of the request's first `n` tokens (prompt, then output), hashed once per
@@ -364,6 +428,7 @@ class EngineCore:
                 self.reuse.capture(self.view(req), save)
 
     def _sample(self, req: Request, logits) -> None:
+        self.preempt.end_recovery(req)  # RES-5: a generated token is real new progress
         position = len(req.prompt) + len(req.output)
         token, lp = sampling.sample(logits, req.sampling, req.seed, position, req.prompt, req.output)
         now = self.program.clock()
@@ -384,19 +449,21 @@ class EngineCore:
         elif len(req.output) >= req.sampling.max_tokens or len(req.prompt) + len(req.output) >= req.max_context:
             self._finish(req, "length")
 
-    # ---- ends, pauses and errors ---------------------------------------------------------
+    # ---- ends and errors ---------------------------------------------------------------
     def _release(self, req: Request, publish: bool = False) -> None:
         """End the request's hold: a normal finish publishes E (BIND-6), anything else only
         releases; its lane is free (a recovery opportunity, SCH-10)."""
         self.reuse.release_wait(req.ticket)  # a cancelled waiter (WAIT-4); a bind already handed it over
+        self.preempt.end_recovery(req)
         if req.bound:
             if req.slot_object is not None:
                 self.reuse.end(self.view(req), publish=publish)
-            else:  # paused: bound to its record, no view (PAUSE-1)
-                self.reuse.end(self.reuse.view(req.ticket, self.reuse.identity(()), None, ()), publish=False)
+            else:  # paused: bound to its record, no view (PAUSE-1); its snapshot goes
+                self.reuse.end_paused(req.ticket)
             req.bound = False
         self._drop_permits(req)
         self._unbind(req)
+        self.preempt.event = True  # SCH-10: a finish or cancel is a capacity event
 
     def _drop_permits(self, req: Request) -> None:
         for pid, permit in list(self.program.state.permits.items()):
@@ -410,30 +477,22 @@ class EngineCore:
             self.residents.remove(req)
         self.fresh.dirty = True
 
-    def _pause(self, req: Request) -> None:
-        """Pause by Replay: release the view, keep tokens, seed and the binding to the record;
-        resume re-prefills what no source covers and continues exactly where it was (G-5,
-        PAUSE-2, PAUSE-5)."""
-        self.reuse.pause(self.view(req))
-        self._drop_permits(req)
-        self._unbind(req)
-        req.phase, req.replaying = QUEUED, True
-        self.counters["pauses_replay"] += 1
-        self.fresh.push(req)
-
     def _capacity_error(self, req: Request, refusal) -> None:
         self.counters["capacity_errors"] += 1
         detail = getattr(refusal, "shortfall", None)
         req.error = str(CapacityError(
             f"request {req.request_id} cannot obtain a legal unit even alone "
-            f"(RES-6; shortfall {detail.pools if detail else refusal})"))
+            f"(RES-6; shortfall {detail.pools if detail else getattr(refusal, 'detail', refusal)})"))
         self._finish(req, "error")
 
     def _finish(self, req: Request, reason: str) -> None:
         if req.phase == QUEUED:
             self.fresh.remove(req)
+        elif req.phase == PAUSED:
+            self.preempt.remove(req)
         self._release(req, publish=reason in ("stop", "length"))
         req.phase, req.finish_reason = FINISHED, reason
+        req.t_finished = self.program.clock()
         if reason == "cancelled":
             self.counters["requests_cancelled"] += 1
         elif reason == "error":
@@ -447,50 +506,21 @@ class EngineCore:
         self.by_id.pop(req.request_id, None)
         req.handle._finish(req.completion())
 
-    # ---- integrity (DESIGN.md doctrine 2) ---------------------------------------------------
+    # ---- pauses, integrity ---------------------------------------------------------------
+    def pause(self, request_id: str, route: str | None = None) -> bool:
+        """Pause a resident now, between cycles (SCH-5), by `route` ("snapshot" | "replay";
+        default: the engine's choice). For operators and tests; returns False if it is not
+        resident."""
+        req = self.by_id.get(request_id)
+        if req is None or req not in self.residents:
+            return False
+        self.preempt.pause(req, route)
+        return True
+
     def check_integrity(self) -> None:
         """Recount the ledger and the cache policy from first principles, then check every
         binding against them (doctrine 2)."""
-        self.reuse.check()  # check_cache: every reference, with the ledger's check_integrity
-        recount = self.program.check_integrity()
-        state = self.program.state
-        held: dict = collections.defaultdict(set)
-        for oid, obj in state.objects.items():
-            for h in obj.holders:
-                if h[0] == "seq":
-                    held[h].add(oid)
-        live = {r.key: r for r in self.residents}
-        for key, oids in held.items():
-            req = live.get(key)
-            if req is None:
-                raise ledger.IntegrityError(f"{key} holds objects {sorted(oids)} but is not resident")
-            if oids != set(req.objects):
-                raise ledger.IntegrityError(f"{key} holds {sorted(oids)}, its record says {sorted(req.objects)}")
-            units = [state.objects[o].device.location for o in req.page_objects]
-            if units != req.pages:
-                raise ledger.IntegrityError(f"{key}: page table {req.pages} differs from the ledger {units}")
-        for r in self.residents:
-            if r.slot_object is None or r.key not in held:
-                raise ledger.IntegrityError(f"resident {r.request_id} has no StateImage slot")
-            if len(r.pages) * PAGE < r.fed:
-                raise ledger.IntegrityError(f"{r.request_id}: frontier {r.fed} beyond its {len(r.pages)} pages")
-        if state.permits:
-            raise ledger.IntegrityError(f"permits outstanding between cycles: {sorted(state.permits)}")
-        if len(self.residents) > self.c:
-            raise ledger.IntegrityError(f"{len(self.residents)} residents for {self.c} lanes")
-        queued = {r.ticket for r in self.fresh}
-        if not set(self.reuse.cache.waiters) <= queued:
-            raise ledger.IntegrityError(f"waiting references {sorted(self.reuse.cache.waiters)} for requests "
-                                        f"that are not queued {sorted(queued)}")
-        bound = {r.ticket for r in self.by_id.values() if r.bound}
-        if set(self.reuse.cache.active) != bound:
-            raise ledger.IntegrityError(f"cache binds {sorted(self.reuse.cache.active)}, engine {sorted(bound)}")
-        if not self.residents and not self.reuse.cache.checkpoints and not self.reuse.cache.waiters:
-            for pool_id, counts in recount.pools.items():
-                if counts["used"] or counts["reserved"]:
-                    raise ledger.IntegrityError(f"idle engine, empty cache, but pool {pool_id} has {counts}")
-            if recount.host_used_bytes:
-                raise ledger.IntegrityError(f"idle engine, empty cache, but {recount.host_used_bytes} Host bytes used")
+        check_engine(self)
 
     def clear_cache(self) -> None:
         """Drop every cached point (no request may be bound)."""

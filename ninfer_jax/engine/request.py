@@ -18,7 +18,7 @@ import ledger
 from ninfer_jax.engine.detok import Detokenizer
 from ninfer_jax.engine.types import Completion, SamplingParams, TokenDelta, TokenLogprob, Usage
 
-QUEUED, PREFILL, DECODE, FINISHED = "queued", "prefill", "decode", "finished"
+QUEUED, PREFILL, DECODE, PAUSED, FINISHED = "queued", "prefill", "decode", "paused", "finished"
 
 
 class RequestHandle:
@@ -87,7 +87,10 @@ class Request:
     page_objects: list[int] = dataclasses.field(default_factory=list)
     slot: int | None = None
     slot_object: int | None = None
-    replaying: bool = False  # rebuilding a dropped binding (Replay, PAUSE-*)
+    computed: int = 0  # the furthest frontier ever computed: recomputing below it is Replay (OBS-1)
+    paused_route: str | None = None  # "snapshot" | "replay" while paused (PAUSE-2)
+    recovery_permit: int | None = None  # the full recovery permit it holds (RES-5, SCH-7)
+    recovery_since: float = 0.0
     bound: bool = False  # the cache policy knows it (bound to a record until it ends, PAUSE-1)
     cancel_requested: bool = False
     cached_tokens: int = 0
@@ -101,11 +104,17 @@ class Request:
     max_gap: float = 0.0
     ident: object = dataclasses.field(default=None, repr=False)  # identity of prompt + output, cached
     wait_seen: object = dataclasses.field(default=None, repr=False)  # cache index at the last failed wait
+    t_finished: float | None = None  # on the Program's clock: when the request ended (OBS-4)
 
     @property
     def key(self) -> tuple:
         """This request's holder key on ledger objects: its active execution (docs/cache_policy.md)."""
         return ledger.seq_holder(self.ticket)
+
+    @property
+    def replaying(self) -> bool:
+        """Recomputing what it had computed before a pause (PAUSE-5); new work is prefill."""
+        return self.fed < self.computed
 
     @property
     def target(self) -> tuple[int, ...]:
@@ -118,10 +127,16 @@ class Request:
         return self.page_objects + ([self.slot_object] if self.slot_object is not None else [])
 
     def completion(self) -> Completion:
+        def since_submit(t: float | None) -> float | None:  # OBS-2: first-event times from submission
+            return None if t is None else t - self.t_submit
+
         return Completion(
             request_id=self.request_id, prompt_token_ids=self.prompt, token_ids=tuple(self.output),
             text=self.text, finish_reason=self.finish_reason,
             usage=Usage(prompt_tokens=len(self.prompt), cached_tokens=self.cached_tokens,
                         completion_tokens=len(self.output)),
             logprobs=tuple(self.logprobs), error=self.error,
-            ttft_s=None if self.t_first_token is None else self.t_first_token - self.t_submit)
+            ttft_s=since_submit(self.t_first_token),
+            max_output_gap_s=self.max_gap if len(self.output) >= 2 else None,  # OBS-3, OBS-4
+            admitted_s=since_submit(self.t_admitted),
+            completion_s=since_submit(self.t_finished))

@@ -72,18 +72,21 @@ class ContextCache:
         for step in (ledger.plan_submit, ledger.plan_complete, ledger.plan_publish):
             self.apply(step(self.program.state, t.generation))
 
-    def reclaim(self, pools: dict, protect=(), applicant: Applicant | None = None) -> bool:
-        """Meet a shortfall from optional cache (RCL-8 for necessary execution), State first."""
+    def reclaim(self, pools: dict, protect=(), applicant: Applicant | None = None, *, revoke: bool = True) -> bool:
+        """Meet a shortfall from optional cache (RCL-8 for necessary execution), State first.
+        Waiting protection and pause snapshots are revoked only when ordinary reclamation is
+        not enough and `revoke` allows it (WAIT-2, SCH-4; RD-3 forbids it while an older
+        resident exists)."""
         done = False
         applicant = applicant or Applicant(ApplicantKind.NECESSARY)
         for pool in ledger.gap_order(pools):
             amount = pools[pool]
             if amount <= 0:
                 continue
-            q = ledger.quote(self.program.state, self.cache, Gap(pool, amount), applicant, protect)
-            if not q.admitted:  # only then revoke waiting protections (WAIT-2, SCH-4)
-                q = ledger.quote(self.program.state, self.cache, Gap(pool, amount),
-                                 applicant._replace(revoke_waiters=True), protect)
+            gap = Gap(pool, amount)
+            q = ledger.quote(self.program.state, self.cache, gap, applicant, protect)
+            if not q.admitted and revoke:
+                q = ledger.quote(self.program.state, self.cache, gap, applicant._replace(revoke_waiters=True), protect)
             if not q.admitted:
                 continue
             got = ledger.plan_reclaim(self.program.state, self.cache, q)
@@ -95,61 +98,102 @@ class ContextCache:
             done = True
         return done
 
-    def retry(self, make, protect=()):
+    def retry(self, make, protect=(), applicant: Applicant | None = None, revoke: bool = True):
         """Plan, and on a shortfall reclaim and plan again at once (RES-4)."""
         got = make()
         for _ in range(MAX_RETRIES):
             if not isinstance(got, Refusal) or got.reason != "shortfall" or not got.shortfall:
                 return got
-            if not self.reclaim(dict(got.shortfall.pools), protect):
+            if not self.reclaim(dict(got.shortfall.pools), protect, applicant, revoke=revoke):
                 return got
             got = make()
         return got
 
     # ---- admission: sources and bind -------------------------------------------------------
-    def bind(self, request, ident: ledger.InputIdentity, *, session, first_unit_tokens: int, ticket: int,
-             resume: bool) -> Bound | Refusal:
+    def bind(self, request, ident: ledger.InputIdentity, *, session, unit_end, ticket: int, resume: bool,
+             snapshot: int | None = None, applicant: Applicant | None = None, revoke: bool = True) -> Bound | Refusal:
         """Query sources for the tokens of `ident` and bind the best one that can be had
-        (SRC-*, BIND-*). Returns the binding, or the last Refusal (nothing retired, SRC-4)."""
-        query = SourceQuery(request, ident, session if self.enabled else None)
+        (SRC-*, BIND-*). Returns the binding, or the last Refusal (nothing retired, SRC-4).
+
+        `unit_end(frontier)` is where the unit permit taken with the bind must reach from a
+        source at `frontier` (TXN-2): the first chunk or decode step of a fresh request; for a
+        paused request (`resume`) the rebuild to its old frontier plus its first real new unit,
+        taken in one go as the recovery permit (RES-5). A paused request's own Snapshot is
+        redeemed first, with no query (SRC-5). `applicant` and `revoke` bound what reclamation
+        may take for it (WAIT-2: fresh admission revokes only younger waiters; RD-3)."""
+        query = SourceQuery(request, ident, session if self.enabled else None, snapshot=snapshot)
         cands = ledger.query_sources(self.program.state, self.cache, query, self.cost)
         last: Refusal = Refusal("no_source", None, "no candidate")
+        page = ledger.PAGE_TOKENS
+        kind = UnitKind.RECOVERY if resume else UnitKind.PREFILL
         for cand in cands:
             if cand.blocked:  # its object is in the running transaction; another candidate serves
                 continue
             src = self.cache.checkpoints.get(cand.cid)
             protect = src.object_ids() if src is not None else ()  # the whole source stays (RCL-8)
+            need = -(-unit_end(cand.frontier) // page) - -(-cand.frontier // page)
+            unit = UnitDemand(ledger.seq_holder(request), kind, {MAIN_KV: max(0, need)})
+            permit = None
             if cand.missing:  # a Host copy: bring it back to Device first (BIND-5, TXN-*)
-                t = self.retry(lambda c=cand: ledger.plan_bind_transfer(self.program.state, self.cache, request, c),
-                               protect=protect)
+                # TXN-2: a paused-recovery bind takes the full recovery permit with its transfer.
+                with_permit = resume
+                t = self.retry(lambda c=cand: self._bind_transfer(request, c, unit if with_permit else None),
+                               protect, applicant, revoke)
                 if isinstance(t, Refusal):
                     last = t
                     continue
                 self.apply(t)
+                if with_permit:
+                    permit = t.proof.permits[0]
                 self.drive_transaction()
                 cand = next((c for c in ledger.query_sources(self.program.state, self.cache, query, self.cost)
                              if c.cid == cand.cid), None)
                 if cand is None or cand.missing:
+                    if permit is not None:
+                        self.program.commit(ledger.plan_settle(self.program.state, permit, unit.owner))
                     continue
-            page = ledger.PAGE_TOKENS
-            need = -(-(cand.frontier + first_unit_tokens) // page) - -(-cand.frontier // page)
-            kind = UnitKind.REPLAY if resume else UnitKind.PREFILL
-            unit = UnitDemand(ledger.seq_holder(request), kind, {MAIN_KV: max(0, need)})
+            first = unit if permit is None else None
             got = self.retry(lambda c=cand: ledger.plan_bind(
                 self.program.state, self.cache,
-                BindRequest(request, c, session, unit, ticket=ticket, resume=resume)), protect)
+                BindRequest(request, c, session, first, ticket=ticket, resume=resume)), protect, applicant, revoke)
             if isinstance(got, Refusal):
+                if permit is not None:
+                    self.program.commit(ledger.plan_settle(self.program.state, permit, unit.owner))
                 last = got
                 continue
             self.apply(got)
             view = next(o for o in got.outcome if o[0] == "view")
-            permit = next((o[1] for o in got.outcome if o[0] == "permit"), None)
+            if permit is None:
+                permit = next((o[1] for o in got.outcome if o[0] == "permit"), None)
             pages = dict(view[2]).get(MAIN_KV, ())
+            self._drop_stale_host(view[1], pages, cand.frontier)
             if cand.frontier and not resume:
                 self.counters["cache_hits"] += 1
                 self.counters["reused_tokens"] += cand.frontier
             return Bound(cand.frontier, cand.takeover, view[1], tuple(pages), permit)
         return last
+
+    def _drop_stale_host(self, state_object: int, pages, frontier: int) -> None:
+        """BIND-5: the writer computes into its StateImage and appends into a partial tail
+        page in place, so a Host replica of either would go stale: drop it now (the Device
+        replica is complete), or a later restore from Host would read old bytes (doctrine 1)."""
+        writable = [state_object] + ([pages[-1]] if pages and frontier % ledger.PAGE_TOKENS else [])
+        for oid in writable:
+            o = self.program.state.objects[oid]
+            if o.host is not None:
+                self.apply(ledger.plan_drop_replica(self.program.state, oid, ledger.HOST_MEDIUM))
+
+    def _bind_transfer(self, request, cand, permit: UnitDemand | None):
+        """TXN-1/2: the bind transaction bringing the candidate's Host-only objects to Device,
+        with the recovery permit when it resumes a paused request."""
+        if permit is None:
+            return ledger.plan_bind_transfer(self.program.state, self.cache, request, cand)
+        state = self.program.state
+        missing = tuple(o for o in cand.missing if o in state.objects and state.objects[o].device is None)
+        if not missing:
+            return Refusal("nothing_to_transfer", None, "every object already has a Device replica")
+        return ledger.plan_begin_transfer(state, ledger.TransferRequest(ledger.TxnKind.BIND, request, missing,
+                                                                        ledger.DEVICE, permit=permit))
 
     def wait(self, request, ident: ledger.InputIdentity, *, session, ticket: int) -> bool:
         """WAIT-1: a queued request without a lane keeps its chosen source under a waiting
@@ -204,9 +248,69 @@ class ContextCache:
         self.apply(ledger.plan_publish_end(self.program.state, self.cache, view,
                                            cancel=not (publish and self.enabled)))
 
-    def pause(self, view: SequenceView) -> None:
-        """PAUSE-2 by Replay: release the writable view, keep the binding to the record."""
-        self.apply(ledger.plan_pause(self.program.state, self.cache, view, snapshot=False))
+    def pause(self, view: SequenceView, *, snapshot: bool) -> int | None:
+        """PAUSE-2: release the writable view and keep the binding to the record; a Snapshot
+        also keeps the execution position as the request's own checkpoint (its id returned)."""
+        got = ledger.plan_pause(self.program.state, self.cache, view, snapshot=snapshot)
+        self.apply(got)
+        return self.cache.active[view.request].snapshot
+
+    def snapshot_of(self, request) -> int | None:
+        use = self.cache.active.get(request)
+        return None if use is None else use.snapshot
+
+    def offload(self, request, snapshot: int, *, publication: int) -> int | None:
+        """PAUSE-3: copy the Snapshot's content that no active request reads and that has no
+        Host replica to the Host arena and free its Device units (immutable pages other
+        actives use stay shared; a safe duplicate Device replica is simply dropped). Room on
+        Host may come from optional cache and later tickets' snapshots (RCL-10). Returns the
+        bytes copied, or None when the content cannot be placed (the caller turns to Replay)."""
+        state = self.program.state
+        c = self.cache.checkpoints[snapshot]
+        move, dups = [], []
+        for oid in c.object_ids():
+            o = state.objects[oid]
+            if o.device is None or not o.device.complete or o.leases or o.pins:
+                continue
+            if any(h[0] == "seq" for h in o.holders):
+                continue  # another active computes on it: it stays shared on Device
+            (dups if o.host is not None and o.host.complete else move).append(oid)
+        for oid in dups:
+            self.apply(ledger.plan_drop_replica(self.program.state, oid, ledger.DEVICE))
+        if not move:
+            return 0
+        applicant = Applicant(ApplicantKind.SNAPSHOT, ticket=publication)
+        req = ledger.TransferRequest(ledger.TxnKind.PAUSE, ("pause", request), tuple(move), ledger.HOST_MEDIUM,
+                                     drop_source=True)
+        got = ledger.plan_begin_transfer(self.program.state, req)
+        if isinstance(got, Refusal) and got.reason == "shortfall" and ledger.HOST in got.shortfall.pools \
+                or isinstance(got, Refusal) and got.shortfall is not None and got.shortfall.host is not None:
+            objs = [self.program.state.objects[o] for o in move]
+            allocs = tuple(ledger.HostAllocation(o.device.nbytes) for o in objs)  # HOST-1: each must place
+            q = ledger.quote(self.program.state, self.cache, Gap(ledger.HOST, sum(a.size for a in allocs), allocs),
+                             applicant, protect=move)
+            if q.admitted:
+                r = ledger.plan_reclaim(self.program.state, self.cache, q)
+                if not isinstance(r, Refusal):
+                    self.apply(r)
+                    self.drive_transaction()
+                    self.counters["reclaims"] += 1
+                    got = ledger.plan_begin_transfer(self.program.state, req)
+        if isinstance(got, Refusal):
+            return None
+        self.apply(got)
+        self.drive_transaction()
+        return sum(self.program.state.objects[o].host.nbytes for o in move if o in self.program.state.objects)
+
+    def revoke_snapshot(self, request) -> None:
+        """PAUSE-4: the snapshot's references go; the paused request turns to Replay."""
+        got = ledger.plan_revoke_snapshot(self.program.state, self.cache, request)
+        if not isinstance(got, Refusal):
+            self.apply(got)
+
+    def end_paused(self, request) -> None:
+        """A paused request is cancelled or fails: its snapshot and binding go (BIND-6)."""
+        self.apply(ledger.plan_cancel_paused(self.program.state, self.cache, request))
 
     def clear(self) -> None:
         self.apply(ledger.plan_clear(self.program.state, self.cache))

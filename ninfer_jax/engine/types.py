@@ -110,7 +110,15 @@ class Completion:
     usage: Usage
     logprobs: tuple[TokenLogprob, ...] = ()
     error: str | None = None  # set when finish_reason == "error"
-    ttft_s: float | None = None  # submit → first token, on the Program's clock (modelled on SimProgram)
+    # First-event and latency figures (OBS-1, OBS-2, OBS-4), all measured from submission on the
+    # Program's clock (modelled seconds on SimProgram, wall seconds on the real model). Each event
+    # is recorded once: a pause does not restart them (OBS-2, PAUSE-1). None: the event never happened.
+    ttft_s: float | None = None  # submit → first token
+    # The largest gap between two consecutive output tokens; None with fewer than two. OBS-3: a
+    # low TTFT can hide a long gap after a pause.
+    max_output_gap_s: float | None = None
+    admitted_s: float | None = None  # submit → first admission (first bind to a lane)
+    completion_s: float | None = None  # submit → finish (stop, length, cancel or error)
 
 
 def check_prompt(token_ids: Sequence[int], vocab_size: int, max_context: int) -> tuple[int, ...]:

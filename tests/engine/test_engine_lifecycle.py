@@ -60,10 +60,13 @@ def test_cancel_is_idempotent_and_after_finish_harmless(engine):
     assert_idle_and_empty(engine)
 
 
-def test_pause_by_replay_keeps_outputs(tiny_model):
+@pytest.mark.parametrize("route", ["replay", "snapshot"])
+def test_pause_under_pressure_keeps_outputs(tiny_model, route):
     """With Main KV at the CFG-6 minimum two long requests cannot co-reside: the younger is
-    paused by Replay (its binding dropped) and resumed; outputs equal each run alone."""
-    engine = make_engine(tiny_model, max_concurrency=2, max_context=256, kv_capacity=256, chunk_size=64)
+    paused (by Replay: its binding dropped; by Snapshot: its content copied to Host) and
+    resumed; outputs equal each run alone."""
+    engine = make_engine(tiny_model, max_concurrency=2, max_context=256, kv_capacity=256, chunk_size=64,
+                         pause_route=route)
     assert engine.program.capacity.kv_pages == 4
     rng = np.random.default_rng(5)
     work = [(rng.integers(0, 1000, 100).tolist(), SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)),
@@ -71,8 +74,11 @@ def test_pause_by_replay_keeps_outputs(tiny_model):
     handles = [engine.submit(p, sp) for p, sp in work]
     run_until_done(engine, handles)
     stats = engine.stats()
-    assert stats["pauses_replay"] >= 1 and stats["resumes_replay"] >= 1
-    assert stats["replay_tokens"] > 0
+    assert stats[f"pauses_{route}"] >= 1 and stats[f"resumes_{route}"] >= 1
+    if route == "replay":
+        assert stats["replay_tokens"] > 0
+    else:
+        assert stats["snapshot_bytes"] > 0 and stats["h2d_bytes"] > 0
     for (p, sp), h in zip(work, handles):
         engine.clear_cache()
         alone = engine.submit(p, sp)
