@@ -49,3 +49,13 @@ class QueueFullError(NInferError):
 
 class EngineClosedError(NInferError):
     """The engine is closed or closing and takes no new requests."""
+
+
+class EngineFailure(NInferError):
+    """TXN-2: an engine cycle raised (a bug, or a device error in a compiled step). The engine's
+    single failure cleanup ended every live request with finish_reason "error" and this message,
+    and closed the engine for good. Not caused by the request: `cause` is the original exception."""
+
+    def __init__(self, cause: BaseException):
+        self.cause = cause
+        super().__init__(f"the engine failed in a cycle and is closed: {type(cause).__name__}: {cause}")

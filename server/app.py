@@ -5,6 +5,10 @@ builds the engine (loading and compiling), then health turns SERVING; `shutdown(
 NOT_SERVING, refuses new RPCs, lets running streams finish for `grace_s`, cancels the rest, stops
 the gRPC server and closes the engine. `serve_until_signal()` runs that whole life on SIGTERM or
 SIGINT.
+
+If the engine fails (TXN-2: `engine.failure` is set once its cleanup ended every request), a
+watcher turns health NOT_SERVING for good; the servicer refuses new requests; the process keeps
+answering health and GetStats until a signal, and its shutdown then has nothing to wait for.
 """
 from __future__ import annotations
 
@@ -103,7 +107,22 @@ class InferenceServer:
             self.engine = engine
             self.servicer.attach(engine)
             self._set_health(health_pb2.HealthCheckResponse.SERVING)
+            threading.Thread(target=self._watch_engine, args=(engine,), name="ninfer-watch", daemon=True).start()
         self._progress(f"serving {engine.model_info().get('name', '?')} on {self.address} (health SERVING)")
+
+    @property
+    def engine_failure(self) -> BaseException | None:
+        """The engine's failure (TXN-2), or None while it is healthy."""
+        return getattr(self.engine, "failure", None)
+
+    def _watch_engine(self, engine, poll_s: float = 0.1) -> None:
+        """TXN-2: a failed engine turns health NOT_SERVING for good (it never recovers)."""
+        while not self._stopped.wait(poll_s):
+            failure = getattr(engine, "failure", None)
+            if failure is not None:
+                self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)  # a no-op once shutting down
+                self._progress(f"engine failed: {failure} (health NOT_SERVING; new requests UNAVAILABLE)")
+                return
 
     def shutdown(self, grace_s: float | None = None) -> None:
         """Stop accepting, let running streams finish within the grace period, cancel the rest."""

@@ -84,7 +84,7 @@ def serve(*, model: str, host: str, port: int, token: str | None, grace_s: float
     except OSError as exc:
         _say(f"serve: {exc}")
         return 1
-    return 1 if server.warm_up_error is not None else 0
+    return 1 if server.warm_up_error is not None or server.engine_failure is not None else 0
 
 
 def _stream_to_stdout(call) -> int:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import grpc
 
-from ninfer_jax.errors import CapacityError, EngineClosedError, NInferError, QueueFullError, RequestError
+from ninfer_jax.errors import (CapacityError, EngineClosedError, EngineFailure, NInferError, QueueFullError,
+                               RequestError)
 from ninfer_jax.frontend.errors import FrontendError
 
 STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),   # RES-6, the capacity contract
     (EngineClosedError, grpc.StatusCode.UNAVAILABLE),
+    (EngineFailure, grpc.StatusCode.UNAVAILABLE),          # TXN-2: the engine failed, not the request
     (RequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (FrontendError, grpc.StatusCode.INVALID_ARGUMENT),
     (NInferError, grpc.StatusCode.INVALID_ARGUMENT),

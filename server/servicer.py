@@ -4,7 +4,9 @@ Every streaming RPC registers its request handle while it runs. The handle is ca
 call ends for any reason other than normal completion (client cancel, disconnect, deadline,
 server shutdown), through both the call's termination callback and the generator's `finally`,
 so the engine frees the request's resources at once. Before the engine exists (warm-up) and
-once draining starts (shutdown) every RPC answers UNAVAILABLE.
+once draining starts (shutdown) every RPC answers UNAVAILABLE; after the engine failed (TXN-2:
+its cleanup ended every request with an error, so open streams end INTERNAL) new requests
+answer UNAVAILABLE too, while GetStats and GetModelInfo still answer.
 """
 from __future__ import annotations
 
@@ -64,11 +66,14 @@ class NInferServicer(pb_grpc.NInferServicer):
         return len(handles)
 
     # --- helpers -----------------------------------------------------------------------------
-    def _engine(self, context: grpc.ServicerContext):
+    def _engine(self, context: grpc.ServicerContext, *, observe: bool = False):
         if self._closing:
             context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         if self.engine is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "server is warming up (loading and compiling the model)")
+        failure = getattr(self.engine, "failure", None)  # TXN-2: set once by the engine's failure cleanup
+        if failure is not None and not observe:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the engine failed and takes no requests: {failure}")
         return self.engine
 
     @staticmethod
@@ -180,7 +185,7 @@ class NInferServicer(pb_grpc.NInferServicer):
         return self._call(context, encode)
 
     def GetModelInfo(self, request, context):
-        engine = self._engine(context)
+        engine = self._engine(context, observe=True)
 
         def info():
             i = engine.model_info()
@@ -193,7 +198,7 @@ class NInferServicer(pb_grpc.NInferServicer):
         return self._call(context, info)
 
     def GetStats(self, request, context):
-        engine = self._engine(context)
+        engine = self._engine(context, observe=True)  # after a failure: the last counters, failed=1
 
         def stats():
             out = pb.Stats()

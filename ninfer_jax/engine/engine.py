@@ -9,9 +9,15 @@
 Requests are validated on the caller's thread (a bad one raises there and touches nothing
 else); the engine thread owns every record, plan and buffer (G-8). `start=False` gives a
 manually stepped engine (`engine.step()`), which tests use to check integrity every cycle.
+
+Failures (TXN-2, doctrine 3): an exception out of a cycle goes to the single failure cleanup
+(engine/failure.py): every live request ends with finish_reason "error" and an `EngineFailure`
+message, `engine.failure` holds it, and the engine is closed for good. Nothing waits on a dead
+loop: handles are finished, `stats()` answers from the last counters, `close()` returns.
 """
 from __future__ import annotations
 
+import logging
 import queue
 import sys
 import threading
@@ -20,12 +26,15 @@ from typing import Sequence
 
 from ninfer_jax.config import EngineConfig
 from ninfer_jax.engine.core import EngineCore
+from ninfer_jax.engine.failure import end_pending, fail_all
 import ledger
 from ledger import PointKind
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.engine.reuse import SavePoint
 from ninfer_jax.engine.types import Completion, SamplingParams
-from ninfer_jax.errors import EngineClosedError, QueueFullError, RequestError
+from ninfer_jax.errors import EngineClosedError, EngineFailure, QueueFullError, RequestError
+
+log = logging.getLogger("ninfer.engine")
 
 
 def saves_of(rendered) -> list[SavePoint]:
@@ -62,7 +71,11 @@ class Engine:
         self.core = EngineCore(program, self.tokenizer_decode if self.tokenizer else None,
                                max_queue=self.config.max_queue)
         self._chat = None
-        self._closed = False
+        self._closed = False  # no new requests: closing, closed or failed
+        self._stop = False  # the loop thread exits
+        self._intake = threading.Lock()  # a submit is posted before `_closed` is set, or refused
+        self._close_lock = threading.Lock()
+        self.failure: EngineFailure | None = None  # set once, by the failure cleanup (TXN-2)
         self._wake = threading.Event()
         self._thread = None
         if start:
@@ -85,30 +98,65 @@ class Engine:
 
     # ---- the loop ----------------------------------------------------------------------
     def _loop(self) -> None:
-        while not self._closed:
-            if not self.core.has_work() and self.core.inbox.empty():
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            self.core.step()
+        try:
+            while not self._stop:
+                if not self.core.has_work() and self.core.inbox.empty():
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+                    continue
+                self.core.step()
+        except BaseException as exc:  # TXN-2: even a BaseException ends every handle
+            log.error("engine cycle failed; ending every request", exc_info=exc)
+            self._fail(exc)
 
     def step(self) -> None:
-        """Run one cycle on this thread (engines built with start=False)."""
+        """Run one cycle on this thread (engines built with start=False). If the cycle raises,
+        the failure cleanup runs (TXN-2) and the original exception is re-raised; later calls
+        raise EngineClosedError."""
         if self._thread is not None:
             raise RuntimeError("this engine runs its own thread; step() is for start=False engines")
-        self.core.step()
+        if self.failure is not None:
+            raise self._closed_error()
+        try:
+            self.core.step()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    def _fail(self, exc: BaseException) -> None:
+        """TXN-2: the engine's single failure cleanup; the state is untrusted, so every live
+        request ends with an error and the engine stays closed."""
+        with self._intake:
+            self._closed = True
+            self.failure = EngineFailure(exc)
+        fail_all(self.core, self.failure, self._closed_error())
+
+    def _closed_error(self) -> EngineClosedError:
+        if self.failure is not None:
+            return EngineClosedError(str(self.failure))
+        return EngineClosedError("the engine is closed")
 
     def _post(self, kind: str, payload) -> None:
         self.core.inbox.put((kind, payload))
         self._wake.set()
 
     def _call(self, fn):
-        """Run fn on the engine thread between cycles and return its result."""
+        """Run fn on the engine thread between cycles and return its result. Once the loop is
+        gone (failed or closed) it raises EngineClosedError instead of waiting (TXN-2)."""
+        if self.failure is not None:
+            raise self._closed_error()
         if self._thread is None:
             return fn()
         box: queue.SimpleQueue = queue.SimpleQueue()
         self._post("call", (fn, box))
-        ok, value = box.get()
+        while True:
+            alive = self._thread.is_alive()  # read before waiting: an answer posted before death is in the box
+            try:
+                ok, value = box.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not alive:
+                    raise self._closed_error() from None
         if not ok:
             raise value
         return value
@@ -144,7 +192,7 @@ class Engine:
 
     def _submit(self, ids, sampling, request_id, *, saves, splits=(), session=None) -> RequestHandle:
         if self._closed:
-            raise EngineClosedError("the engine is closed")
+            raise self._closed_error()
         if len(self.core.fresh) + self.core.inbox.qsize() >= self.config.max_queue:
             raise QueueFullError(f"the queue holds {self.config.max_queue} requests; retry later")
         if request_id is not None and request_id in self.core.by_id:
@@ -154,11 +202,15 @@ class Engine:
         req = self.core.make_request(ids, sampling or SamplingParams(), request_id,
                                      lambda rid: self._post("cancel", rid), saves=saves, splits=splits,
                                      session=session)
-        self._post("submit", req)
+        with self._intake:  # posted before the engine closes (its close or cleanup ends it), or refused
+            if self._closed:
+                raise self._closed_error()
+            self._post("submit", req)
         return req.handle
 
     def generate(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None) -> Completion:
-        """Submit and wait. With start=False, steps the engine until the request finishes."""
+        """Submit and wait. With start=False, steps the engine until the request finishes (a
+        failing cycle re-raises here, see `step`)."""
         handle = self.submit(prompt, sampling)
         while self._thread is None and not handle.done():
             self.step()
@@ -198,13 +250,24 @@ class Engine:
     # ---- observation -------------------------------------------------------------------
     def stats(self) -> dict:
         """OBS-1 counters (requests, prefill vs replay vs reused tokens, hits, transfers,
-        pauses and resumes by route, capacity errors, compilations) and gauges."""
+        pauses and resumes by route, capacity errors, compilations) and gauges. Once the loop
+        is gone it answers from the last counters, plus `failed` and `failure` after a failure."""
         def snapshot():
             out = dict(self.core.counters)
             out.update(compilations=self.program.compilations, residents=len(self.core.residents),
                        queued=len(self.core.fresh), warmup_seconds=self.warmup_seconds)
             return out
-        return self._call(snapshot)
+        try:
+            return self._call(snapshot)
+        except EngineClosedError:
+            if self._thread is not None:
+                self._thread.join(timeout=1.0)  # a failure cleanup may still be finishing
+                if self._thread.is_alive():
+                    raise
+        out = snapshot()  # the loop is gone: nothing else touches the core (TXN-2)
+        if self.failure is not None:
+            out.update(failed=True, failure=str(self.failure))
+        return out
 
     def model_info(self) -> dict:
         cfg = getattr(self.program, "model", None)
@@ -217,7 +280,8 @@ class Engine:
 
     def check_integrity(self) -> None:
         """Recompute every pool, arena extent, reference and binding from first principles
-        (doctrine 2); raises `ledger.IntegrityError` on any disagreement."""
+        (doctrine 2); raises `ledger.IntegrityError` on any disagreement, EngineClosedError
+        after a failure (TXN-2: its state is not trusted, there is nothing to check)."""
         self._call(self.core.check_integrity)
 
     def clear_cache(self) -> None:
@@ -225,19 +289,28 @@ class Engine:
         self._call(self.core.clear_cache)
 
     def close(self) -> None:
-        """Cancel what is left and stop the loop."""
-        if self._closed:
-            return
+        """Cancel what is left and stop the loop. After a failure (TXN-2) nothing is left to
+        cancel: it returns at once."""
 
         def cancel_all():
             for req in list(self.core.by_id.values()):
                 self.core._finish(req, "cancelled")
 
-        self._call(cancel_all)
-        self._closed = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        with self._close_lock:
+            with self._intake:
+                first, self._closed = not self._closed, True  # submit refuses from here on
+            if first:
+                try:
+                    self._call(cancel_all)
+                except EngineClosedError:
+                    pass  # the loop failed meanwhile: its cleanup ended every request
+            self._stop = True
+            self._wake.set()
+            if self._thread is not None:
+                self._thread.join(timeout=30)
+            if self._thread is None or not self._thread.is_alive():
+                # Submitted but never taken in (a start=False engine not stepped since).
+                end_pending(self.core, "cancelled", None, self._closed_error())
 
     def __enter__(self):
         return self
