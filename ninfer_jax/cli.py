@@ -45,11 +45,13 @@ _SESSION = flags.DEFINE_string("session", None, "chat: session id.")
 _TIMEOUT = flags.DEFINE_float("timeout", None, "generate/chat --server: deadline of the call in seconds.")
 _TURNS = flags.DEFINE_integer("turns", None, "chat: a multi-turn conversation of up to N user messages read from "
                               "stdin, one per line (also without --turns when stdin holds lines).", lower_bound=1)
-_PROGRAM = flags.DEFINE_enum("program", "model", ["model", "sim"], "trace: the real model or the cost-model Program.")
+_PROGRAM = flags.DEFINE_enum("program", "model", ["model", "sim"], "trace: the real model or the cost-model Program; "
+                              "bench preempt: run only this one (default both).")
 _TRACE_FORMAT = flags.DEFINE_enum("trace_format", "auto", ["auto", "chat", "marconi"],
                                   "trace: chat-level or Marconi token-level JSONL (auto: by the first line).")
 _TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "trace: replay only the first N requests.", lower_bound=1)
 _COLD = flags.DEFINE_bool("cold", True, "trace: also replay with the context cache off (the TTFT baseline).")
+_QUICK = flags.DEFINE_bool("quick", False, "bench preempt: the smallest run (the cost-model Program only, seconds).")
 
 COMMANDS = ("generate", "chat", "serve", "bench", "trace")
 
@@ -80,7 +82,16 @@ def cmd_bench(args: list[str]) -> int:
     except KeyError as e:
         print(f"ninfer bench: {e.args[0]}", file=sys.stderr)
         return 2
-    _print_figures(module.run(args[1:]))
+    args = args[1:]
+    if _QUICK.value:  # bench preempt reads these; its own flags go after `--`
+        args.append("--quick")
+    if FLAGS["program"].present:
+        args.append(f"--program={_PROGRAM.value}")
+    figures = module.run(args)
+    if not _JSON.value and hasattr(module, "text"):
+        print(module.text(figures))
+        return 0
+    _print_figures(figures)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 Each module named in BENCHES defines `run(argv: list[str]) -> dict`: it does the work, prints
 progress to stderr, and returns one flat-ish dict of figures that the CLI prints (as one JSON
-object with --json, as aligned lines otherwise).
+object with --json, as aligned lines otherwise; a module with a `text(figures) -> str` prints
+that instead of aligned lines).
 """
 import importlib
 
@@ -11,6 +12,7 @@ BENCHES = {
     "model": "ninfer_jax.bench.model_bench",
     "ledger": "ninfer_jax.bench.ledger_bench",
     "engine": "ninfer_jax.bench.engine_bench",
+    "preempt": "ninfer_jax.bench.preempt_bench",
 }
 
 

@@ -6,8 +6,9 @@ The trace runs twice on fresh engines with the same settings: once with the cont
 once with it off (`ContextCacheConfig(enabled=False)`: the cold baseline). The figures
 (docs/trace.md): prompt tokens served from the cache against the offline upper bound
 (`cache_replay.upper_bound` over the prompts and outputs this run produced), prefill and replay
-tokens, H2D/D2H bytes, cache hits, and time to first token cached vs cold, on the Program's
-clock (modelled seconds on the cost-model Program, wall seconds on the real model). Outputs of
+tokens, H2D/D2H bytes, cache hits, and per-request latency cached vs cold (OBS-4): time to first
+token, completion time and the largest inter-token gap, on the Program's clock (modelled seconds
+on the cost-model Program, wall seconds on the real model). Outputs of
 the two runs are compared token for token: reuse must never change a token (doctrine 1).
 
 Scheduling: the requests of one session are issued in turn order, each after its predecessor
@@ -220,6 +221,8 @@ class Outcome:
     ttft_s: float | None = None
     finish_reason: str = "error"
     error: str | None = None
+    completion_s: float | None = None  # issue → finish (OBS-4)
+    max_gap_s: float | None = None  # largest gap between consecutive output tokens (OBS-3); None below 2 tokens
 
 
 @dataclasses.dataclass
@@ -285,13 +288,18 @@ class Replayer:
         return sorted(heads, key=lambda r: (r.ts, r.index))
 
     # -- finishing
-    def _finish(self, flight: _Flight, outcomes: list[Outcome]) -> None:
+    def _finish(self, flight: _Flight, outcomes: list[Outcome], seen_done_s: float) -> None:
+        """`seen_done_s`: issue → the end of the cycle the tool saw it finish, the fallback for
+        an engine whose Completion does not carry `completion_s`."""
         c = flight.handle.result()
         ttft = getattr(c, "ttft_s", None)
         if ttft is None:
             ttft = flight.ttft
+        done = getattr(c, "completion_s", None)
         out = Outcome(flight.req.index, flight.req.session, tuple(c.prompt_token_ids), tuple(c.token_ids),
-                      c.usage.cached_tokens, ttft, c.finish_reason, c.error)
+                      c.usage.cached_tokens, ttft, c.finish_reason, c.error,
+                      completion_s=seen_done_s if done is None else done,
+                      max_gap_s=getattr(c, "max_output_gap_s", None))
         outcomes.append(out)
         self._after(flight.req, out)
 
@@ -334,7 +342,7 @@ class Replayer:
                     f.ttft = now - f.t_issue
                 if f.handle.done():
                     flights.remove(f)
-                    self._finish(f, outcomes)
+                    self._finish(f, outcomes, now - f.t_issue)
                     if self.progress and len(outcomes) % 200 == 0:
                         print(f"[trace] {self.progress}: {len(outcomes)}/{total} requests", file=sys.stderr)
         self.engine.check_integrity()
@@ -397,12 +405,28 @@ def _pct(a: float, b: float) -> float:
     return round(100.0 * a / b, 1) if b else 0.0
 
 
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Nearest rank over sorted `xs` (q in [0, 1]): a value some request really had."""
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
 def _ttft(outcomes: Sequence[Outcome], prefix: str) -> dict:
     xs = sorted(o.ttft_s for o in outcomes if o.ttft_s is not None)
     if not xs:
         return {f"{prefix}ttft_mean_s": None, f"{prefix}ttft_p50_s": None, f"{prefix}ttft_p99_s": None}
-    return {f"{prefix}ttft_mean_s": statistics.fmean(xs), f"{prefix}ttft_p50_s": xs[len(xs) // 2],
-            f"{prefix}ttft_p99_s": xs[min(len(xs) - 1, int(0.99 * len(xs)))]}
+    return {f"{prefix}ttft_mean_s": statistics.fmean(xs), f"{prefix}ttft_p50_s": percentile(xs, 0.5),
+            f"{prefix}ttft_p99_s": percentile(xs, 0.99)}
+
+
+def _latency(outcomes: Sequence[Outcome], prefix: str) -> dict:
+    """OBS-4 beside TTFT: completion time and the largest inter-token gap, p50 and p99 over the
+    requests that have one (OBS-3: a low TTFT can hide a long gap after a pause)."""
+    fig = {}
+    for name, attr in (("completion", "completion_s"), ("max_gap", "max_gap_s")):
+        xs = sorted(getattr(o, attr) for o in outcomes if getattr(o, attr) is not None)
+        fig[f"{prefix}{name}_p50_s"] = percentile(xs, 0.5) if xs else None
+        fig[f"{prefix}{name}_p99_s"] = percentile(xs, 0.99) if xs else None
+    return fig
 
 
 def _ratio(a, b):
@@ -431,6 +455,7 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         "pauses": s.get("pauses_replay", 0) + s.get("pauses_snapshot", 0),
     }
     fig.update(_ttft(hot.outcomes, ""))
+    fig.update(_latency(hot.outcomes, ""))
     fig["seconds_cached_run"] = round(hot.seconds, 2)
     if cold is not None:
         fig["cold_cache_disabled"] = cold_disabled
@@ -438,6 +463,7 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         fig["cold_replay_tokens"] = cold.stats.get("replay_tokens", 0)
         fig["cold_mean_decode_rows"] = _ratio(cold.stats.get("generated_tokens", 0), cold.stats.get("decode_steps", 0))
         fig.update(_ttft(cold.outcomes, "cold_"))
+        fig.update(_latency(cold.outcomes, "cold_"))
         fig["ttft_mean_cached_over_cold"] = _ratio(fig["ttft_mean_s"], fig["cold_ttft_mean_s"])
         fig["ttft_p50_cached_over_cold"] = _ratio(fig["ttft_p50_s"], fig["cold_ttft_p50_s"])
         fig["prefill_cached_over_cold"] = _ratio(fig["prefill_tokens"], fig["cold_prefill_tokens"])

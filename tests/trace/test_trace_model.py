@@ -39,6 +39,8 @@ def test_real_model_trace_runs_every_request(real):
     assert (f["program"], f["clock"], f["requests"], f["sessions"], f["requests_failed"]) == ("model", "wall", 6, 2, 0)
     assert f["generated_tokens"] <= 6 * 4 and f["prefill_tokens"] + f["reused_tokens"] == f["prompt_tokens"]
     assert 0 < f["ttft_p50_s"] <= f["ttft_p99_s"] < 30
+    assert f["ttft_p50_s"] <= f["completion_p50_s"] <= f["completion_p99_s"] and f["ttft_p99_s"] <= f["completion_p99_s"]
+    assert 0 <= f["max_gap_p50_s"] <= f["max_gap_p99_s"] <= f["completion_p99_s"]  # OBS-4
     assert 0 < f["upper_bound_tokens"] < f["prompt_tokens"]
     assert 0 <= f["cached_tokens"] <= f["upper_bound_tokens"]
 

@@ -1,6 +1,7 @@
 """The replay driver on a scripted engine (no model, no ledger): sessions in turn order,
 concurrency bound, timestamp order, history built from the trace's replies, TTFT on the
 Program's clock; and the figures, with the offline upper bound, on hand-made outcomes."""
+import dataclasses
 import json
 import queue
 from types import SimpleNamespace
@@ -82,6 +83,9 @@ def test_sessions_run_in_turn_order_with_at_most_concurrency_in_flight():
             assert when[("finish", prev)] < when[("submit", rid)], "a turn waits for its predecessor"
     assert {e[2] for e in eng.log if e[0] == "submit"} == {"a", "b", "c"}  # session= reaches the engine
     assert all(o.ttft_s == 0.5 for o in res.outcomes)  # one modelled step to the first token
+    # This engine's Completions carry no completion_s / max_output_gap_s: the completion time is
+    # the end of the cycle the tool saw the request finish, and there is no gap to report.
+    assert all(o.completion_s == 1.5 and o.max_gap_s is None for o in res.outcomes)
     assert res.clock == "modelled"
 
 
@@ -129,8 +133,41 @@ def test_a_request_refused_at_the_boundary_is_counted_and_its_session_goes_on():
     assert good.finish_reason == "length" and good.prompt_ids == (1, 2, 3)
 
 
-def _outcome(i, prompt, output, cached=0, ttft=1.0):
-    return T.Outcome(i, "s", tuple(prompt), tuple(output), cached, ttft, "length")
+def _outcome(i, prompt, output, cached=0, ttft=1.0, done=None, gap=None):
+    return T.Outcome(i, "s", tuple(prompt), tuple(output), cached, ttft, "length",
+                     completion_s=done, max_gap_s=gap)
+
+
+def test_replayer_takes_completion_time_and_gap_from_the_completion():
+    class Timed(ScriptedEngine):  # an engine whose Completions carry the OBS-4 figures
+        def step(self):
+            live = list(self.live)
+            super().step()
+            for h in live:
+                if h.completion is not None:
+                    h.completion = dataclasses.replace(h.completion, completion_s=0.25, max_output_gap_s=0.125)
+
+    eng = Timed(steps=2)
+    res = T.Replayer(eng, _marconi_trace(), concurrency=3).run()
+    assert all(o.completion_s == 0.25 and o.max_gap_s == 0.125 for o in res.outcomes)
+
+
+def test_latency_figures_p50_p99_cached_and_cold():
+    """OBS-4: completion time and max inter-token gap beside TTFT, nearest-rank p50/p99 over the
+    requests that have one; a request with fewer than two tokens has no gap."""
+    tr = T.parse_lines([marconi_line("s", i, i, [1, 2, i + 3], [5]) for i in range(4)])
+    hot = T.RunResult([_outcome(i, [1, 2, i + 3], [5, 6], 0, 0.5, done=1.0 + i, gap=None if i == 0 else 0.1 * i)
+                       for i in range(4)], {}, 1.0, "modelled", tr)
+    cold = T.RunResult([_outcome(i, [1, 2, i + 3], [5, 6], 0, 0.5, done=2.0, gap=0.0) for i in range(4)],
+                       {}, 1.0, "modelled", tr)
+    f = T.figures(tr, hot, cold, program="sim", cold_disabled=True)
+    assert (f["completion_p50_s"], f["completion_p99_s"]) == (3.0, 4.0)
+    assert f["max_gap_p50_s"] == pytest.approx(0.2) and f["max_gap_p99_s"] == pytest.approx(0.3)
+    assert (f["cold_completion_p50_s"], f["cold_completion_p99_s"], f["cold_max_gap_p99_s"]) == (2.0, 2.0, 0.0)
+    none = T.figures(tr, T.RunResult([_outcome(0, [1, 2, 3], [5])], {}, 1.0, "modelled", tr), None,
+                     program="sim", cold_disabled=False)
+    assert none["completion_p50_s"] is None and none["max_gap_p99_s"] is None
+    assert "cold_completion_p50_s" not in none
 
 
 def test_offline_upper_bound_on_a_hand_made_trace():

@@ -44,6 +44,19 @@ def test_known_trace_counts_add_up(known):
     assert f["ttft_mean_s"] > 0 and f["cold_ttft_mean_s"] > 0
 
 
+def test_obs4_known_trace_reports_completion_time_and_max_gap_cached_and_cold(known):
+    """OBS-4 beside TTFT: completion time and the largest inter-token gap, p50 <= p99, for both
+    runs; a request finishes no earlier than its first token, and gaps are never negative."""
+    f = known
+    for run in ("", "cold_"):
+        for name in ("ttft", "completion", "max_gap"):
+            p50, p99 = f[f"{run}{name}_p50_s"], f[f"{run}{name}_p99_s"]
+            assert p50 is not None and 0 <= p50 <= p99, (run, name, p50, p99)
+        assert f[f"{run}completion_p50_s"] >= f[f"{run}ttft_p50_s"]
+        assert f[f"{run}completion_p99_s"] >= f[f"{run}ttft_p99_s"]
+        assert f[f"{run}max_gap_p99_s"] <= f[f"{run}completion_p99_s"]
+
+
 def test_known_trace_upper_bound():
     """The bound, by hand: a later turn shares its predecessor's whole prompt (its E goes on with
     output tokens the next prompt does not hold); the second session's first turn shares the
@@ -100,6 +113,7 @@ def test_ninfer_trace_command_prints_one_json_object(tmp_path):
     assert out.returncode == 0, out.stderr
     f = json.loads(out.stdout)
     assert f["requests"] == 2 and f["prompt_tokens"] == 210 and f["outputs_identical"] is True
+    assert f["completion_p50_s"] <= f["completion_p99_s"] and f["cold_max_gap_p99_s"] >= 0
     assert f["upper_bound_tokens"] == 90 and "[trace]" in out.stderr and "[trace]" not in out.stdout
     one = T.run_trace(path, CFG, program="sim", cold=False, limit=1)
     assert one["requests"] == 1 and "cold_ttft_mean_s" not in one
