@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import collections
 import itertools
-import math
 import queue
 import random
 import time
 from typing import Sequence
 
 import ledger
-from ledger import MAIN_KV, Refusal, UnitDemand, UnitKind
+from ledger import Refusal
 from ninfer_jax.engine import sampling
 from ninfer_jax.engine.detok import Detokenizer
 from ninfer_jax.engine.integrity import check_engine
@@ -41,6 +40,7 @@ from ninfer_jax.engine.preempt import Preemption
 from ninfer_jax.engine.request import DECODE, FINISHED, PAUSED, PREFILL, QUEUED, Request, RequestHandle
 from ninfer_jax.engine.reuse import ContextCache, SavePoint
 from ninfer_jax.engine.scheduler import FreshQueue
+from ninfer_jax.engine.units import UnitPlanning
 from ninfer_jax.engine.types import SamplingParams, TokenDelta, check_prompt
 from ninfer_jax.errors import CapacityError, QueueFullError
 from ninfer_jax.program.program import DecodeRow
@@ -58,7 +58,7 @@ COUNTERS = (
 )
 
 
-class EngineCore:
+class EngineCore(UnitPlanning):
     def __init__(self, program, decode_text=None, *, max_queue: int = 4096, max_context: int | None = None):
         self.program = program
         self.decode_text = decode_text  # ids -> text, or None (token ids only)
@@ -171,114 +171,6 @@ class EngineCore:
             self._run_prefill(prefill[0])
         self._settle(permits["decode"], prefill)
 
-    # ---- permits ---------------------------------------------------------------------
-    @staticmethod
-    def _pages_needed(req: Request, upto: int) -> int:
-        return max(0, math.ceil(upto / PAGE) - len(req.pages))
-
-    def _chunk_end(self, req: Request, at: int) -> int:
-        """End of the prefill chunk starting at `at`: exactly at the next semantic frontier
-        (REC-8), at the old frontier while replaying, never past the target; a chunk end by
-        itself is never a save (G-6)."""
-        end = len(req.target)
-        if at < req.computed:
-            end = req.computed
-        end = next((f for f in req.splits if at < f < end), end)
-        return min(at + self.program.chunk_size, end)
-
-    def _chunk(self, req: Request) -> int:
-        return self._chunk_end(req, req.fed) - req.fed
-
-    def _unit_end(self, req: Request, at: int) -> int:
-        """RD-7: where the unit starting at `at` reaches: one decode step past the target, or
-        one prefill chunk of the configured size."""
-        return at + 1 if at >= len(req.target) else self._chunk_end(req, at)
-
-    def _prefill_turn(self) -> Request | None:
-        """SCH-7/SCH-8: the recovery holder rebuilding first; otherwise prefilling residents
-        rotate the turn by ticket at chunk boundaries."""
-        rows = [r for r in self.residents if r.phase == PREFILL]
-        if not rows:
-            return None
-        holder = self.preempt.holder
-        if holder is not None and holder.phase == PREFILL:
-            return holder
-        return next((r for r in rows if r.ticket > self._last_turn), rows[0])
-
-    def _resident_permits(self) -> dict:
-        """RES-3: resident rows, recovery first then by ticket; the oldest always progresses
-        (pausing the young, SCH-4)."""
-        reclaimed = False
-        turn = self._prefill_turn()
-        holder = self.preempt.holder
-        while True:
-            rows, demands = [], []
-            for r in self.residents:
-                if r.phase == DECODE:
-                    need, kind = self._pages_needed(r, r.fed + 1), UnitKind.DECODE
-                elif r is turn:
-                    kind = UnitKind.REPLAY if r.replaying else UnitKind.PREFILL
-                    need = self._pages_needed(r, r.fed + self._chunk(r))
-                else:
-                    continue
-                if r is holder and need <= self._permit_left(r):
-                    continue  # RES-5: drawn from the recovery permit the Program holds
-                rows.append(r)
-                demands.append(UnitDemand(r.key, kind, {MAIN_KV: need}))
-            plan = ledger.plan_cycle_permits(self.program.state, demands)
-            refused = [r for r, got in zip(rows, plan.proof.rows) if isinstance(got, Refusal)]
-            if refused and not reclaimed:
-                # Running rows short of units take optional cache first (RCL-8), once per cycle,
-                # then plan again at once (RES-4).
-                reclaimed = True
-                gaps: dict = {}
-                for got in plan.proof.rows:
-                    if isinstance(got, Refusal) and got.shortfall:
-                        for pool, n in got.shortfall.pools.items():
-                            gaps[pool] = gaps.get(pool, 0) + n
-                if gaps and self.reuse.reclaim(gaps):
-                    continue
-            oldest = self.residents[0] if self.residents else None
-            first = next((r for r in self.residents if r.phase == PREFILL), None)
-            if refused and turn in refused and turn is not first and turn is not holder:
-                turn = first  # SCH-8: a rotated turn that cannot run goes back to the oldest
-                continue
-            if refused and refused[0] is oldest:
-                # SCH-4: the oldest resident cannot progress: pause the youngest other resident
-                # that may be preempted and plan again at once (RES-4).
-                victims = self.preempt.pausable(exclude=(oldest,))
-                if victims:
-                    self.preempt.pause(victims[0])
-                    if victims[0] is turn:
-                        turn = self._prefill_turn()
-                    reclaimed = False  # the pause changed what the cache may give up
-                    continue
-                if holder is None:  # alone: no releaser exists (RES-6)
-                    self._capacity_error(oldest, plan.proof.rows[rows.index(oldest)])
-                    turn = self._prefill_turn()
-                    continue
-                # the recovery holder holds its permit and will release: the oldest waits
-            self.program.commit(plan)
-            out = {"decode": {}}
-            granted = dict(zip(map(id, rows), plan.proof.rows))
-            for r in self.residents:
-                got = granted.get(id(r))
-                if got is None and r is holder and (r.phase == DECODE or r is turn):
-                    got = r.recovery_permit
-                if got is None or isinstance(got, Refusal):
-                    continue  # waits for a later cycle; the oldest row is never here
-                if r is turn and r.phase == PREFILL:
-                    out["prefill"] = (r, got)
-                elif r.phase == DECODE:
-                    out["decode"][r] = got
-            if "prefill" in out:
-                self._last_turn = out["prefill"][0].ticket
-            return out
-
-    def _permit_left(self, req: Request) -> int:
-        p = self.program.state.permits.get(req.recovery_permit) if req.recovery_permit is not None else None
-        return -1 if p is None else p.remaining.get(MAIN_KV, 0)
-
     def _admit(self, take_prefill: bool = True):
         """Fresh admission from the surplus (RES-3, SCH-2): each candidate asks the cache for
         sources and binds the best it can have. Returns the prefill turn if an admitted
@@ -345,33 +237,6 @@ class EngineCore:
                     self.counters["full_hits"] += 1
                 self._sample(req, self.program.hidden_logits(req.slot, req.target[-1], len(req.target) - 1))
         req.computed = max(req.computed, req.fed)  # past here, bound tokens are not recomputed
-
-    def _allocate(self, decode_permits: dict, prefill) -> None:
-        grants = list(decode_permits.items())
-        if prefill is not None:
-            grants.append(prefill)
-        for req, pid in grants:
-            upto = req.fed + (1 if req.phase == DECODE else self._chunk(req))
-            n = self._pages_needed(req, upto)
-            if n:
-                plan = ledger.plan_allocate(self.program.state, MAIN_KV, n, req.key, permit_id=pid)
-                self.program.commit(plan)
-                for obj, _, unit in plan.proof.allocated:
-                    req.page_objects.append(obj)
-                    req.pages.append(unit)
-
-    def _settle_permit(self, req: Request, pid: int) -> None:
-        self.program.commit(ledger.plan_settle(self.program.state, pid, req.key))
-
-    def _settle(self, decode_permits: dict, prefill) -> None:
-        pairs = [(pid, r.key) for r, pid in decode_permits.items()]
-        if prefill is not None:
-            pairs.append((prefill[1], prefill[0].key))
-        live = self.program.state.permits
-        # A finished row's permit went with it; the recovery permit outlives the cycle (RES-5).
-        pairs = [p for p in pairs if p[0] in live and p[0] != self.program.state.recovery_permit]
-        if pairs:
-            self.program.commit(ledger.plan_settle_all(self.program.state, pairs))
 
     # ---- execution ---------------------------------------------------------------------
     def _run_decode(self, rows: list[Request]) -> None:

@@ -120,3 +120,23 @@ def test_pause5_pause_at_every_phase_equals_uninterrupted(engine, reference, pha
             assert stats["replay_tokens"] > stats0["replay_tokens"]
     assert not engine.core.recovery_pending
     assert_idle_and_empty(engine)
+
+
+def test_sch8_prefilling_residents_rotate_the_prefill_turn(tiny_model):
+    """SCH-8: at each chunk boundary the prefill turn passes to the next prefilling resident by
+    ticket, so a short prompt admitted behind a long one is not held back for all its chunks."""
+    engine = make_engine(tiny_model, max_concurrency=2, max_context=256, chunk_size=16)
+    rng = np.random.default_rng(4)
+    sp = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    long = engine.submit(rng.integers(0, 1000, 200).tolist(), sp)
+    short = engine.submit(rng.integers(0, 1000, 40).tolist(), sp)
+    turns = []
+    run = engine.core._run_prefill
+    engine.core._run_prefill = lambda req: (turns.append(req.request_id), run(req))
+    while not (long.done() and short.done()):
+        engine.step()
+        engine.check_integrity()
+    # The short prompt gets the second chunk, not the fourteenth; then they alternate.
+    assert turns[:6] == [long.request_id, short.request_id] * 3, turns
+    assert short.result().ttft_s < long.result().ttft_s
+    assert_idle_and_empty(engine)
