@@ -31,6 +31,9 @@ _MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", None, "Engine: reques
 _MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Engine: longest prompt + generation.", lower_bound=1)
 _CHUNK_SIZE = flags.DEFINE_integer("chunk_size", None, "Engine: prefill chunk length.", lower_bound=1)
 _KV_CAPACITY = flags.DEFINE_integer("kv_capacity", None, "Engine: Main KV capacity in tokens.", lower_bound=1)
+_PAUSE_ROUTE = flags.DEFINE_enum("pause_route", None, ["auto", "snapshot", "replay"],
+                                 "Engine: how a preempted request keeps its work (default auto: the cost model "
+                                 "compares copying to Host with recomputing).")
 _DEVICE_STATE_SLOTS = flags.DEFINE_integer("device_state_slots", None, "Context cache: device StateImage slots.",
                                            lower_bound=0)
 _HOST_CAPACITY_BYTES = flags.DEFINE_integer("host_capacity_bytes", None, "Context cache: Host arena bytes.",
@@ -116,7 +119,8 @@ def engine_config_from_flags():
     from ninfer_jax import ContextCacheConfig, EngineConfig
 
     given = {"model": _MODEL.value, "dtype": _DTYPE.value, "max_concurrency": _MAX_CONCURRENCY.value,
-             "max_context": _MAX_CONTEXT.value, "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value}
+             "max_context": _MAX_CONTEXT.value, "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value,
+             "pause_route": _PAUSE_ROUTE.value}
     cache = ContextCacheConfig(device_state_slots=_DEVICE_STATE_SLOTS.value,
                                host_capacity_bytes=_HOST_CAPACITY_BYTES.value)
     return EngineConfig(context_cache=cache, **{k: v for k, v in given.items() if v is not None})
@@ -128,7 +132,7 @@ def _sampling_dict() -> dict:
 
 def _engine_settings() -> dict:
     return {"dtype": _DTYPE.value, "max_concurrency": _MAX_CONCURRENCY.value, "max_context": _MAX_CONTEXT.value,
-            "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value,
+            "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value, "pause_route": _PAUSE_ROUTE.value,
             "device_state_slots": _DEVICE_STATE_SLOTS.value, "host_capacity_bytes": _HOST_CAPACITY_BYTES.value}
 
 
