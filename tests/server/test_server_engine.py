@@ -3,7 +3,9 @@ chunk 32) on a real loopback channel: streams equal `engine.generate`, cancel/di
 free everything (`check_integrity()`), errors map, concurrent streams with random cuts end clean."""
 from __future__ import annotations
 
+import queue
 import random
+import threading
 
 import grpc
 import pytest
@@ -105,9 +107,17 @@ def test_disconnect_frees_everything(real, settled):
 
 
 def test_deadline_exceeded_frees_everything(real, settled):
+    """The engine thread is held busy (a call between cycles) until the deadline has passed,
+    so the outcome does not depend on how fast this machine generates 200 tokens."""
     srv, client, engine = real
-    code, _ = _code(lambda: client.generate([9, 9, 9], sampling={"temperature": 0.0, "max_tokens": 200},
-                                            timeout=0.3))
+    gate, box = threading.Event(), queue.SimpleQueue()
+    engine._post("call", (lambda: gate.wait(30), box))
+    try:
+        code, _ = _code(lambda: client.generate([9, 9, 9], sampling={"temperature": 0.0, "max_tokens": 200},
+                                                timeout=0.3))
+    finally:
+        gate.set()
+        box.get(timeout=30)
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
     settled(srv, engine)
 
