@@ -705,6 +705,15 @@ def quote(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant,
         raise InvalidRequest(f"gap amount must be a positive int, got {gap.amount!r}")
     facts = _Facts(state, cache)
     q = _quote(state, cache, gap, applicant, frozenset(protect), facts, frozenset(keep_content))
+    if not q.admitted and applicant.demote and gap.pool != HOST:
+        # The greedy selection can let cheap demotions block the deletion that alone closes
+        # the gap (a chosen move excludes deleting a holder of what it moves, RCL-5/RCL-7):
+        # before giving up, select again from deletions and duplicate drops only (RCL-1: the
+        # action set is finite, and a complete admissible set must not be missed).
+        q2 = _quote(state, cache, gap, applicant._replace(demote=False), frozenset(protect), facts,
+                    frozenset(keep_content))
+        if q2.admitted:
+            q = q2._replace(applicant=applicant)
     return q._replace(cold=facts._cold or frozenset())
 
 

@@ -129,9 +129,12 @@ class Preemption:
         self.event = False
         req = self.paused[0]  # RD-2: strictly by original ticket
         older = any(r.ticket < req.ticket for r in core.residents)
+        why = ledger.Refusal("no_lane", None, "every lane is held")
         while True:
-            if len(core.residents) < core.c and self._resume(req, take=not older):
-                return
+            if len(core.residents) < core.c:
+                why = self._resume(req, take=not older)
+                if why is None:
+                    return
             victims = [] if older else [r for r in self.pausable() if r.ticket > req.ticket]
             if not victims:
                 break
@@ -140,9 +143,11 @@ class Preemption:
             self.pause(victims[0])
             self.event = False
         if not core.residents and self.paused and self.paused[0] is req:
-            core._capacity_error(req, ledger.Refusal("shortfall", None, "cannot resume even alone"))
+            core._capacity_error(req, why)
 
-    def _resume(self, req: Request, take: bool) -> bool:
+    def _resume(self, req: Request, take: bool) -> ledger.Refusal | None:
+        """Bind the paused request again (its Snapshot first) with the recovery permit; the
+        Refusal of the last candidate when it cannot be had."""
         core = self.core
         snap = core.reuse.snapshot_of(req.ticket)
         if req.paused_route == SNAPSHOT and snap is None:
@@ -153,7 +158,7 @@ class Preemption:
                                 unit_end=lambda f: core._unit_end(req, max(f, req.computed)),
                                 ticket=req.ticket, resume=True, snapshot=snap, applicant=applicant, revoke=take)
         if isinstance(bound, ledger.Refusal):
-            return False
+            return bound
         i = bisect.bisect_left(self._tickets, req.ticket)
         del self._tickets[i], self.paused[i]
         route = SNAPSHOT if bound.takeover == ledger.Takeover.SNAPSHOT else REPLAY
@@ -165,7 +170,7 @@ class Preemption:
             req.recovery_permit, req.recovery_since = bound.permit, core.program.clock()
             self.holder = req
         core._bind(req, bound)
-        return True
+        return None
 
     def end_recovery(self, req: Request) -> None:
         """RES-5, SCH-7: real new progress (or a terminal state, or an explicit pause) ends the
