@@ -477,7 +477,8 @@ def diagnose(hot_rows: dict | None, cold_rows: dict | None, prompt_len: int, i: 
         return "numeric", text + ("\n  => the same distribution up to float32 noise: a near-tie draw flipped "
                                   "(batched decode, chunking or a restored state is not bit-identical to the "
                                   "cold run); no reuse/pause logic error is implied")
-    return "state", text + "\n  => different logits: the hot run computed from a different state (KV/StateImage/binding)"
+    return "state", text + ("\n  => different logits: the hot run computed from a different state "
+                            "(KV/StateImage/binding)")
 
 
 # ---- one run ------------------------------------------------------------------------------
@@ -502,7 +503,8 @@ class RunReport:
 
     def line(self) -> str:
         s = self.stats
-        return (f"{self.cfg} {'seed=' + str(self.seed) if self.seed is not None else 'replayed'}: {self.requests} requests ({self.finished} finished, "
+        who = f"seed={self.seed}" if self.seed is not None else "replayed"
+        return (f"{self.cfg} {who}: {self.requests} requests ({self.finished} finished, "
                 f"{sum(self.cancelled.values())} cancelled {dict(self.cancelled)}), {self.cycles} cycles, "
                 f"pauses replay/snapshot {s.get('pauses_replay', 0)}/{s.get('pauses_snapshot', 0)}, "
                 f"resumes {s.get('resumes_replay', 0)}/{s.get('resumes_snapshot', 0)}, "
@@ -618,7 +620,8 @@ class Run:
         if exc is not None:
             frames = traceback.extract_tb(exc.__traceback__)[-6:]
             msg.append("  where (innermost frames):\n" + "".join(
-                f"    {fr.filename.split('/work/')[-1]}:{fr.lineno} in {fr.name}: {fr.line}\n" for fr in frames).rstrip())
+                f"    {fr.filename.split('/work/')[-1]}:{fr.lineno} in {fr.name}: {fr.line}\n"
+                for fr in frames).rstrip())
         msg.append(f"  schedule (last {min(25, len(self.schedule))} of {len(self.schedule)} events):\n{events}")
         return SoakFailure("\n".join(msg), signature)
 
@@ -761,7 +764,8 @@ class Run:
             raise self.fail(f"request {spec.label}: usage.cached_tokens={got.usage.cached_tokens} outside "
                             f"[0, prompt_tokens]", ("usage",), spec)
         if any(x != y for x, y in zip(hot_t, cold_t)):
-            self._token_mismatch(entry, got, cold, pauses, f"request {spec.label} differs from the cold run", "mismatch")
+            self._token_mismatch(entry, got, cold, pauses, f"request {spec.label} differs from the cold run",
+                                 "mismatch")
             return
         if (got.finish_reason, hot_t, got.text) != (cold.finish_reason, cold_t, cold.text) or \
                 got.usage.completion_tokens != len(hot_t) or got.usage.prompt_tokens != len(cold.prompt_token_ids):
@@ -912,7 +916,8 @@ class Soak:
             except OSError as e:
                 saved = f"\n  (schedule not saved: {e})"
             if before:
-                saved += f"\n  (this engine had run seeds {before} before, each ending idle and empty; the saved file replays them first)"
+                saved += (f"\n  (this engine had run seeds {before} before, each ending idle and empty; "
+                          f"the saved file replays them first)")
             f.args = (f.args[0] + saved,)
             self.failures.append(f)
             self.engines.pop(cfg.spec(), None)  # its state is suspect
@@ -946,7 +951,8 @@ class Soak:
         return (f"soak summary: {tt.get('runs', 0)} runs, {tt.get('requests', 0)} requests checked against cold "
                 f"({tt.get('finished', 0)} finished, {tt.get('cancelled', 0)} cancelled by phase "
                 f"{t['cancelled_by_phase']}); pauses replay/snapshot {tt.get('pauses_replay', 0)}/"
-                f"{tt.get('pauses_snapshot', 0)}, resumes {tt.get('resumes_replay', 0)}/{tt.get('resumes_snapshot', 0)}, "
+                f"{tt.get('pauses_snapshot', 0)}, resumes {tt.get('resumes_replay', 0)}/"
+                f"{tt.get('resumes_snapshot', 0)}, "
                 f"cache hits {tt.get('cache_hits', 0)}; by route {t['by_route']}; {len(self.failures)} failed runs")
 
 
