@@ -71,6 +71,30 @@ def _one(model, c: int, per_lane: int, max_tokens: int) -> dict:
             f"c{c}_requests": len(prompts), f"c{c}_cycles": stats["cycles"]}
 
 
+def sim_10k(n: int = 10_000) -> dict:
+    """The scheduling loop alone on the cost-model Program: n short requests at C=8, cache off
+    (the target that used to be a timed unit test: under 60 s on this machine)."""
+    import random
+    import time
+
+    from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
+    from ninfer_jax.sim import SimProgram
+
+    cfg = EngineConfig(max_concurrency=8, max_context=1024, chunk_size=256, progress=False, max_queue=2 * n,
+                       context_cache=ContextCacheConfig(host_capacity_bytes=1 << 20, enabled=False))
+    engine = Engine(cfg, program=SimProgram(cfg), start=False)
+    rng = random.Random(0)
+    start = time.perf_counter()
+    handles = [engine.submit([rng.randrange(1000) for _ in range(rng.randint(1, 600))],
+                             SamplingParams(temperature=0, max_tokens=rng.randint(1, 16))) for _ in range(n)]
+    cycles = 0
+    while not all(h.done() for h in handles[-50:]) or engine.core.has_work():
+        engine.step()
+        cycles += 1
+    elapsed = time.perf_counter() - start
+    return {"sim_requests": n, "sim_seconds": round(elapsed, 3), "sim_cycles_per_s": round(cycles / elapsed, 1)}
+
+
 def run(argv: list[str]) -> dict:
     per_lane = int_arg(argv, "requests_per_lane", 4)
     max_tokens = int_arg(argv, "max_tokens", 32)
@@ -81,4 +105,6 @@ def run(argv: list[str]) -> dict:
         figures.update(_one(model, c, per_lane, max_tokens))
         print(f"[bench engine] C={c}: {figures[f'c{c}_output_tokens_per_s']:.0f} tokens/s, "
               f"overhead {100 * figures[f'c{c}_overhead_share']:.0f}% of each cycle", file=sys.stderr, flush=True)
+    print("[bench engine] the scheduling loop: 10,000 requests on the cost-model Program", file=sys.stderr, flush=True)
+    figures.update(sim_10k())
     return figures
