@@ -27,8 +27,7 @@ def _reach(engine, rid, phase, limit=400):
     core = engine.core
     for _ in range(limit):
         r = core.by_id.get(rid)
-        if r is None:  # not accepted yet (the inbox drains at the next step), or ended
-            assert engine.core.counters["requests_submitted"] < int(rid.split("-")[1]) or limit == 400, rid
+        if r is None:  # not accepted yet: the inbox drains at the next step
             engine.step()
             continue
         if phase == "bound" and r.phase == PREFILL and r.fed == r.cached_tokens and r in core.residents:
