@@ -41,20 +41,34 @@ def test_greedy_tokens_match_transformers_through_paged_steps(oracle_models, mod
 HAVE_TRANSFORMERS = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 
 
+# Two float32 runs of transformers on different CPUs differ by up to ~1e-4 on the 150-token
+# sequence (torch's chunked delta-rule fallback and its triangular solve; measured 1.0e-4 between
+# the fixture's machine and an Intel Xeon CI machine). A stale fixture (a changed model
+# definition) moves logits by orders of magnitude more, so staleness is judged at 5e-4.
+STALE_TOL = 5e-4
+
+
 @pytest.mark.oracle
 @pytest.mark.skipif(not HAVE_TRANSFORMERS, reason="live oracle tier needs torch and transformers")
 @pytest.mark.parametrize("model_type", ORACLE_TYPES)
 def test_live_transformers_agrees_with_fixture_and_model(oracle_models, model_type):
+    """The fixture is not stale, and the model is within the float32 noise floor of transformers
+    run in float64 (the exact reference: float32 torch itself is ~1e-4 off it on long inputs)."""
     import torch
     import transformers
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        oracle_dir(model_type), attn_implementation="eager", experts_implementation="eager",
-        dtype=torch.float32)
+    def load(dtype):
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            oracle_dir(model_type), attn_implementation="eager", experts_implementation="eager",
+            dtype=dtype)
+
+    hf32, hf64 = load(torch.float32), load(torch.float64)
     model, _ = oracle_models[model_type]
     fx = _fixture(model_type)
     for which in ("prompt", "long"):
+        ids = torch.tensor([fx[which].tolist()])
         with torch.no_grad():
-            live = hf(torch.tensor([fx[which].tolist()]), use_cache=False).logits[0].numpy()
-        np.testing.assert_allclose(live, fx[f"{which}_logits"], atol=1e-6, rtol=0)
-        np.testing.assert_allclose(np.asarray(model.forward(fx[which])), live, atol=TOL, rtol=0)
+            live32 = hf32(ids, use_cache=False).logits[0].numpy()
+            live64 = hf64(ids, use_cache=False).logits[0].numpy()
+        np.testing.assert_allclose(live32, fx[f"{which}_logits"], atol=STALE_TOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(model.forward(fx[which])), live64, atol=TOL, rtol=0)
