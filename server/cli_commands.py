@@ -4,14 +4,20 @@
 it is ready) and serves until SIGTERM/SIGINT. The remote commands stream text to stdout and
 progress to stderr, like their in-process twins. `--model=fake:NAME` serves the deterministic
 fake engine of `server.testing` (no model, no compilation: for trying the service out and tests);
-`fake:NAME,step_s=0.02,len=200` sets its pace and output length.
+`fake:NAME,step_s=0.02,len=200,warmup_s=5` sets its pace, output length and warm-up time.
+
+The remote commands never print a traceback for user input: a request the client refuses
+(server/validate.py) is one `[ninfer] RequestError: ...` line and exit 2, before connecting; a
+server's refusal, or no server at the address, is one line and exit 1. Before the call they wait
+(up to `wait_s`, default 120 s; 0 = not at all) for the server's health to turn SERVING, so a
+command started right after `ninfer serve` waits out the warm-up instead of failing.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 
@@ -28,19 +34,21 @@ def resolve_token(flag_value: str | None) -> str | None:
 
 
 def fake_options(model: str) -> dict:
-    """`fake:NAME[,step_s=SECONDS][,len=TOKENS]`: the fake engine's pace and output length."""
+    """`fake:NAME[,step_s=SECONDS][,len=TOKENS][,warmup_s=SECONDS]`: the fake engine's pace, output
+    length and how long its construction takes (a stand-in for loading and compiling)."""
     out: dict = {}
     for item in model.split(",")[1:]:
         key, _, value = item.partition("=")
         try:
-            if key == "step_s":
-                out["step_s"] = float(value)
+            if key in ("step_s", "warmup_s"):
+                out[key] = float(value)
             elif key == "len":
                 out["min_len"] = out["max_len"] = int(value)
             else:
                 raise ValueError
         except ValueError:
-            raise ValueError(f"fake engine option {item!r}: expected step_s=SECONDS or len=TOKENS") from None
+            raise ValueError(f"fake engine option {item!r}: expected step_s=SECONDS, len=TOKENS or "
+                             "warmup_s=SECONDS") from None
     return out
 
 
@@ -87,35 +95,111 @@ def serve(*, model: str, host: str, port: int, token: str | None, grace_s: float
     return 1 if server.warm_up_error is not None or server.engine_failure is not None else 0
 
 
-def _stream_to_stdout(call) -> int:
-    """Print each message's text as it arrives; usage to stderr. 0, or 1 on an RPC error."""
-    from server.client import FINISH_NAMES
+DEFAULT_WAIT_S = 120.0
 
+
+def _refused(exc) -> int:
+    """A request the client refused before sending (ClientRequestError): one line, exit 2."""
+    _say(exc.details())
+    return 2
+
+
+def _rpc_failed(exc: grpc.RpcError, server: str) -> int:
+    """A server's refusal, or no server at all: one line, exit 1."""
+    from server.client import is_unreachable
+
+    if is_unreachable(exc):
+        _say(f"no server answered at {server}")
+    else:
+        _say(f"server answered {exc.code().name}: {exc.details()}")
+    return 1
+
+
+def _wait_serving(client, server: str, wait_s: float | None) -> int | None:
+    """Wait up to `wait_s` seconds for the server's health to report SERVING (0 or None: don't
+    wait), with one progress line when it does not at once. An exit code to return now (no
+    server answered), or None to make the call: also when the server still does not serve
+    (warming up when the time ran out, shutting down, its engine failed): the call's answer
+    then says why."""
+    if not wait_s or wait_s <= 0:
+        return None
+
+    def progress(state: str) -> None:
+        if state == "UNREACHABLE":
+            _say(f"waiting for a server to answer at {server} (up to {wait_s:g} s)...")
+        else:
+            _say(f"waiting for {server} to finish warming up (up to {wait_s:g} s)...")
+
+    if client.wait_serving(wait_s, on_wait=progress) == "UNREACHABLE":
+        _say(f"no server answered at {server} (waited {wait_s:g} s)")
+        return 1
+    return None
+
+
+def _stream_turn(start, server: str, label: str = ""):
+    """Start a call with `start()`, print each message's text as it arrives and usage to stderr.
+    (exit code, final message or None): 0, 2 if the client refused the request, 1 on an RPC
+    error, 130 on Ctrl-C."""
+    from server.client import FINISH_NAMES, ClientRequestError
+
+    call, printed, final = None, False, None
     try:
+        call = start()
         for msg in call:
             if msg.text:
                 print(msg.text, end="", flush=True)
+                printed = True
             if msg.finish_reason:
                 print()
+                printed = False
+                final = msg
                 u = msg.usage
-                _say(f"finish_reason={FINISH_NAMES[msg.finish_reason]} prompt_tokens={u.prompt_tokens} "
+                _say(f"{label}finish_reason={FINISH_NAMES[msg.finish_reason]} prompt_tokens={u.prompt_tokens} "
                      f"cached_tokens={u.cached_tokens} completion_tokens={u.completion_tokens}")
-        return 0
+        return 0, final
+    except ClientRequestError as exc:
+        return _refused(exc), None
     except grpc.RpcError as exc:
-        print(file=sys.stderr)
-        _say(f"server answered {exc.code().name}: {exc.details()}")
-        return 1
+        if printed:
+            print(flush=True)  # end the partial line on stdout
+        return _rpc_failed(exc, server), None
     except KeyboardInterrupt:
-        call.cancel()
-        return 130
+        if call is not None:
+            call.cancel()
+        print(file=sys.stderr)
+        _say("interrupted")
+        return 130, None
 
 
-def generate_remote(server: str, prompt: str | Sequence[int], sampling: dict, *, token: str | None = None,
-                    timeout: float | None = None) -> int:
+def _connect(server: str, token: str | None):
+    """A client for `server`, or a ClientRequestError for a token that cannot be sent."""
     from server.client import NInferClient
 
-    with NInferClient(server, token=resolve_token(token)) as client:
-        return _stream_to_stdout(client.generate_stream(prompt, sampling=sampling, timeout=timeout))
+    return NInferClient(server, token=resolve_token(token))
+
+
+def generate_remote(server: str, prompt: str | Sequence[int], sampling: dict | None, *, token: str | None = None,
+                    timeout: float | None = None, wait_s: float = DEFAULT_WAIT_S) -> int:
+    """`ninfer generate --server`: 0; 2 for a request refused before connecting (one stderr line,
+    `[ninfer] RequestError: field: why`); 1 when the server refused or did not answer (one
+    line); 130 on Ctrl-C. Waits up to `wait_s` seconds for the server to finish warming up
+    (not counted in `timeout`, the call's deadline)."""
+    from server.client import ClientRequestError, generate_request
+
+    try:
+        generate_request(prompt, sampling=sampling)  # refuse bad input before connecting
+        client = _connect(server, token)
+    except ClientRequestError as exc:
+        return _refused(exc)
+    with client:
+        try:
+            code = _wait_serving(client, server, wait_s)
+        except KeyboardInterrupt:
+            _say("interrupted")
+            return 130
+        if code is not None:
+            return code
+        return _stream_turn(lambda: client.generate_stream(prompt, sampling=sampling, timeout=timeout), server)[0]
 
 
 def parse_messages(text: str | None, prompt: str) -> list[dict]:
@@ -134,9 +218,48 @@ def parse_messages(text: str | None, prompt: str) -> list[dict]:
     return messages
 
 
-def chat_remote(server: str, messages: list[dict], sampling: dict, *, session: str | None = None,
-                token: str | None = None, timeout: float | None = None) -> int:
-    from server.client import NInferClient
+def chat_remote(server: str, messages: list[dict], sampling: dict | None, *, session: str | None = None,
+                token: str | None = None, timeout: float | None = None, wait_s: float = DEFAULT_WAIT_S,
+                turns: Iterable[str] | None = None) -> int:
+    """`ninfer chat --server`. With `turns` None: one request with `messages`. With `turns` (user
+    messages, e.g. lines of stdin, read lazily): a conversation that starts from `messages` (the
+    history so far, may be empty); each turn appends the user message, streams the reply, and
+    appends the assistant message as the server parsed it (content, reasoning, tool calls), all
+    under one session (`session`, default `cli-<pid>`); per turn one stderr line with its usage.
+    Exit codes and waiting as `generate_remote`; a conversation stops at the first failed turn."""
+    from server.client import ClientRequestError, chat_request
 
-    with NInferClient(server, token=resolve_token(token)) as client:
-        return _stream_to_stdout(client.chat_stream(messages, sampling=sampling, session=session, timeout=timeout))
+    try:
+        chat_request(messages, sampling=sampling, session=session)  # refuse bad input before connecting
+        client = _connect(server, token)
+    except ClientRequestError as exc:
+        return _refused(exc)
+    with client:
+        try:
+            code = _wait_serving(client, server, wait_s)
+            if code is not None:
+                return code
+            if turns is None:
+                return _stream_turn(lambda: client.chat_stream(messages, sampling=sampling, session=session,
+                                                               timeout=timeout), server)[0]
+            return _conversation(client, server, messages, sampling, session or f"cli-{os.getpid()}", timeout,
+                                 turns)
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            _say("interrupted")
+            return 130
+
+
+def _conversation(client, server: str, messages: list[dict], sampling, session: str, timeout, turns) -> int:
+    from server.client import assistant_message
+
+    history = list(messages)
+    for turn, text in enumerate(turns, 1):
+        history.append({"role": "user", "content": text})
+        code, final = _stream_turn(lambda: client.chat_stream(history, sampling=sampling, session=session,
+                                                              timeout=timeout), server, label=f"turn {turn}: ")
+        if code:
+            return code
+        history.append(assistant_message(final.message) if final is not None and final.HasField("message")
+                       else {"role": "assistant", "content": ""})
+    return 0

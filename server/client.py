@@ -8,20 +8,28 @@
         client.tokenize("text"), client.model_info(), client.stats(), client.health()
 
 Streaming calls return the gRPC call: iterate it for messages, `.cancel()` it to cancel the
-request on the server. Failures raise `grpc.RpcError` with the server's status code.
+request on the server. Failures raise `grpc.RpcError` with the server's status code. A request
+the server would refuse as INVALID_ARGUMENT (bad sampling values, a prompt of the wrong type,
+a malformed message, a bad request_id, a value the protocol cannot carry) is refused before it
+is sent, with `ClientRequestError`: also a `grpc.RpcError`, code INVALID_ARGUMENT, and the
+server's text as its details (server/validate.py). `wait_serving()` waits out the server's
+warm-up (health NOT_SERVING).
 Imports only grpc and the generated stubs (no JAX), so a client starts fast.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Iterable, Mapping, Sequence
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from server import validate
 from server.proto import ninfer_pb2 as pb
 from server.proto import ninfer_pb2_grpc as pb_grpc
+from server.validate import ClientRequestError  # noqa: F401 - part of the client's API
 
 def usage_dict(u: pb.Usage) -> dict:
     return {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
@@ -45,68 +53,132 @@ class Result:
 
 
 # --- Python values -> protobuf -------------------------------------------------------------------
+# Every builder checks its input first (server.validate) and raises ClientRequestError, never a
+# protobuf ValueError/TypeError, for a value the server would refuse or the wire cannot carry.
 def sampling_to_proto(sampling: Any) -> pb.SamplingParams | None:
     """A dict of SamplingParams fields, a SamplingParams, or None (the server's defaults)."""
-    if sampling is None:
+    fields = validate.check_sampling(sampling)
+    if fields is None:
         return None
-    if dataclasses.is_dataclass(sampling):
-        sampling = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)}
     msg = pb.SamplingParams()
-    for key, value in sampling.items():
-        if value is None:
-            continue
+    for key, value in fields.items():
         if key in ("stop", "stop_token_ids"):
-            getattr(msg, key).extend([value] if isinstance(value, str) else value)
+            getattr(msg, key).extend(value)
         else:
             setattr(msg, key, value)
     return msg
 
 
-def _content_to_proto(msg: pb.ChatMessage, content: Any) -> None:
+def _content_to_proto(msg: pb.ChatMessage, content: Any, where: str) -> None:
     if content is None:
         return
     if isinstance(content, str):
         msg.content = content
         return
-    for part in content:
+    parts = validate.check_list(content, f"{where}.content", "parts (or text)")
+    for j, part in enumerate(parts):
+        pw = f"{where}.content[{j}]"
         if isinstance(part, str):
             part = {"type": "text", "text": part}
-        msg.parts.add(type=part.get("type", "text"), text=part.get("text", ""),
+        part = validate.check_mapping(part, pw, "a part (text, or a mapping with type and text)")
+        msg.parts.add(type=validate.check_text(part.get("type"), f"{pw}.type") or "text",
+                      text=validate.check_text(part.get("text"), f"{pw}.text") or "",
                       cache_control=part.get("cache_control") is not None)
 
 
-def message_to_proto(m: Mapping[str, Any]) -> pb.ChatMessage:
-    msg = pb.ChatMessage(role=m.get("role", ""), name=m.get("name") or "", tool_call_id=m.get("tool_call_id") or "",
+def message_to_proto(m: Mapping[str, Any], index: int = 0) -> pb.ChatMessage:
+    where = f"messages[{index}]"
+    m = validate.check_mapping(m, where, "a message (a mapping with role and content)")
+    msg = pb.ChatMessage(role=validate.check_text(m.get("role"), f"{where}.role") or "",
+                         name=validate.check_text(m.get("name"), f"{where}.name") or "",
+                         tool_call_id=validate.check_text(m.get("tool_call_id"), f"{where}.tool_call_id") or "",
                          cache_control=m.get("cache_control") is not None)
-    _content_to_proto(msg, m.get("content"))
+    _content_to_proto(msg, m.get("content"), where)
     if m.get("reasoning_content") is not None:
-        msg.reasoning_content = m["reasoning_content"]
-    for call in m.get("tool_calls") or ():
-        fn = call.get("function", call)
+        msg.reasoning_content = validate.check_text(m["reasoning_content"], f"{where}.reasoning_content")
+    for j, call in enumerate(validate.check_list(m.get("tool_calls"), f"{where}.tool_calls", "tool calls")):
+        cw = f"{where}.tool_calls[{j}]"
+        call = validate.check_mapping(call, cw, "a tool call (a mapping)")
+        fn = validate.check_mapping(call.get("function", call), f"{cw}.function", "a mapping with name and arguments")
         args = fn.get("arguments", {})
-        msg.tool_calls.add(id=call.get("id") or "", name=fn.get("name", ""),
-                           arguments_json=args if isinstance(args, str) else json.dumps(args))
+        msg.tool_calls.add(id=validate.check_text(call.get("id"), f"{cw}.id") or "",
+                           name=validate.check_text(fn.get("name"), f"{cw}.function.name") or "",
+                           arguments_json=args if isinstance(args, str) else
+                           validate.to_json(args, f"{cw}.function.arguments"))
     return msg
 
 
-def tool_to_proto(t: Mapping[str, Any]) -> pb.Tool:
-    fn = t.get("function", t)
-    return pb.Tool(name=fn.get("name", ""), description=fn.get("description", ""),
-                   parameters_json=json.dumps(fn.get("parameters", {})), cache_control=t.get("cache_control") is not None)
+def tool_to_proto(t: Mapping[str, Any], index: int = 0) -> pb.Tool:
+    where = f"tools[{index}]"
+    t = validate.check_mapping(t, where, "a tool (a mapping)")
+    fn = validate.check_mapping(t.get("function", t), f"{where}.function", "a mapping with name and parameters")
+    params = fn.get("parameters")
+    if params is not None and not isinstance(params, Mapping):
+        raise validate.ClientRequestError(f"{where}.parameters_json", "must be a JSON object")
+    return pb.Tool(name=validate.check_text(fn.get("name"), f"{where}.name") or "",
+                   description=validate.check_text(fn.get("description"), f"{where}.description") or "",
+                   parameters_json=validate.to_json(dict(params or {}), f"{where}.parameters_json"),
+                   cache_control=t.get("cache_control") is not None)
 
 
-def marker_to_proto(m: Mapping[str, Any]) -> pb.CacheMarker:
+def marker_to_proto(m: Mapping[str, Any], index: int = 0) -> pb.CacheMarker:
+    where = f"cache_markers[{index}]"
+    m = validate.check_mapping(m, where, "a marker ({'message': i}, {'message': i, 'part': j}, "
+                                         "{'tool': k} or {'tools': True})")
     if "message" in m:
-        return pb.CacheMarker(message=m["message"], **({"part": m["part"]} if "part" in m else {}))
+        part = {"part": validate.check_int32(m["part"], f"{where}.part")} if "part" in m else {}
+        return pb.CacheMarker(message=validate.check_int32(m["message"], f"{where}.message"), **part)
     if "tool" in m:
-        return pb.CacheMarker(tool=m["tool"])
+        return pb.CacheMarker(tool=validate.check_int32(m["tool"], f"{where}.tool"))
     return pb.CacheMarker(tools=bool(m.get("tools")))
+
+
+def generate_request(prompt: Any, *, sampling: Any = None, request_id: str = "") -> pb.GenerateRequest:
+    """The GenerateRequest for these values, checked (ClientRequestError) without sending it."""
+    prompt = validate.check_prompt(prompt)
+    req = pb.GenerateRequest(request_id=validate.check_request_id(request_id))
+    if isinstance(prompt, str):
+        req.text = prompt
+    else:
+        req.token_ids.ids.extend(prompt)
+    params = sampling_to_proto(sampling)
+    if params is not None:
+        req.sampling.CopyFrom(params)
+    return req
+
+
+def chat_request(messages: Any, *, tools: Any = None, session: str | None = None, cache_markers: Any = None,
+                 sampling: Any = None, request_id: str = "") -> pb.ChatRequest:
+    """The ChatRequest for these values, checked (ClientRequestError) without sending it."""
+    req = pb.ChatRequest(
+        messages=[message_to_proto(m, i) for i, m in enumerate(validate.check_messages(messages))],
+        tools=[tool_to_proto(t, k) for k, t in enumerate(validate.check_list(tools, "tools", "tools"))],
+        session=validate.check_text(session, "session") or "",
+        cache_markers=[marker_to_proto(m, k) for k, m in
+                       enumerate(validate.check_list(cache_markers, "cache_markers", "markers"))],
+        request_id=validate.check_request_id(request_id))
+    params = sampling_to_proto(sampling)
+    if params is not None:
+        req.sampling.CopyFrom(params)
+    return req
+
+
+def assistant_message(msg: pb.AssistantMessage) -> dict:
+    """The parsed assistant message of a final ChatResponse, as a client sends it back next turn."""
+    out: dict[str, Any] = {"role": "assistant", "content": msg.content}
+    if msg.HasField("reasoning_content"):
+        out["reasoning_content"] = msg.reasoning_content
+    if msg.tool_calls:
+        out["tool_calls"] = [{"type": "function", **({"id": c.id} if c.id else {}),
+                              "function": {"name": c.name, "arguments": json.loads(c.arguments_json or "{}")}}
+                             for c in msg.tool_calls]
+        if not msg.content:
+            out["content"] = None
+    return out
 
 
 def collect(stream: Iterable, *, clock=None) -> Result:
     """Drain a Generate/Chat stream into one Result (text, ids, finish reason, usage)."""
-    import time
-
     clock = clock or time.perf_counter
     start = clock()
     ids: list[int] = []
@@ -128,24 +200,26 @@ def collect(stream: Iterable, *, clock=None) -> Result:
         raise RuntimeError("the stream ended without a final message")
     message = None
     if isinstance(final, pb.ChatResponse) and final.HasField("message"):
-        message = {"role": "assistant", "content": final.message.content}
-        if final.message.HasField("reasoning_content"):
-            message["reasoning_content"] = final.message.reasoning_content
-        if final.message.tool_calls:
-            message["tool_calls"] = [{"type": "function", "function": {
-                "name": c.name, "arguments": json.loads(c.arguments_json)}} for c in final.message.tool_calls]
+        message = assistant_message(final.message)
     return Result(rid, ids, "".join(text), FINISH_NAMES[final.finish_reason], usage_dict(final.usage),
                   logprobs, message, first)
 
 
 class NInferClient:
+    # Reconnect soon after a refused connection (gRPC's default backoff grows to 120 s), so a
+    # client waiting for a server that is starting notices it within about a second.
+    CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                       ("grpc.max_reconnect_backoff_ms", 1000))
+
     def __init__(self, target: str = "127.0.0.1:50051", *, token: str | None = None,
                  timeout: float | None = None, max_message_bytes: int = 8 << 20):
+        token = validate.check_token(token)
+        self.target = target
         self.timeout = timeout
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.channel = grpc.insecure_channel(target, options=[
             ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes)])
+            ("grpc.max_send_message_length", max_message_bytes), *self.CHANNEL_OPTIONS])
         self.stub = pb_grpc.NInferStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
 
@@ -164,16 +238,55 @@ class NInferClient:
     def wait_ready(self, timeout: float = 60.0) -> None:
         grpc.channel_ready_future(self.channel).result(timeout=timeout)
 
+    def wait_serving(self, timeout: float, *, poll_s: float = 0.2,
+                     on_wait: Callable[[str], None] | None = None) -> str:
+        """Poll the health service until the server reports SERVING or `timeout` seconds pass.
+
+        Returns "SERVING" (also for a server without a health service: its calls will tell);
+        "NOT_SERVING" when it answers but does not serve: still warming up when the time ran
+        out, or at once when it never will (its engine failed, it is shutting down, or the
+        token is refused); "UNREACHABLE" when nothing answered. `on_wait(state)` is called once,
+        the first time the answer is not SERVING and time is left to wait."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        told = False
+        while True:
+            call_s = min(max(deadline - time.monotonic(), 0.1), 5.0)  # one probe's own deadline
+            state = self._probe(call_s)
+            if state == "SERVING" or (state == "NOT_SERVING" and not self._warming_up(call_s)):
+                return state
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return state
+            if not told and on_wait is not None:
+                on_wait(state)
+                told = True
+            time.sleep(min(poll_s, remaining))
+
+    def _probe(self, timeout: float) -> str:
+        try:
+            status = self.health(timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                return "UNREACHABLE"
+            return "SERVING"  # no health service (UNIMPLEMENTED) or no such name: let the call tell
+        return "SERVING" if status == "SERVING" else "NOT_SERVING"
+
+    def _warming_up(self, timeout: float) -> bool:
+        """Health says NOT_SERVING: is that the warm-up (worth waiting for)? GetStats answers
+        UNAVAILABLE "warming up" exactly then; it answers once the engine failed, and refuses
+        otherwise when the server shuts down or rejects the token."""
+        try:
+            self.stub.GetStats(pb.GetStatsRequest(), metadata=self._metadata, timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                return validate.WARMING_UP in (exc.details() or "") or is_unreachable(exc)
+            return exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        return False
+
     # --- generation --------------------------------------------------------------------------
     def generate_stream(self, prompt: str | Sequence[int], *, sampling: Any = None, request_id: str = "",
                         timeout: float | None = None):
-        req = pb.GenerateRequest(request_id=request_id)
-        if isinstance(prompt, str):
-            req.text = prompt
-        else:
-            req.token_ids.ids.extend(prompt)
-        if sampling is not None:
-            req.sampling.CopyFrom(sampling_to_proto(sampling))
+        req = generate_request(prompt, sampling=sampling, request_id=request_id)
         return self.stub.Generate(req, **self._kw(timeout))
 
     def generate(self, prompt, **kwargs) -> Result:
@@ -182,11 +295,8 @@ class NInferClient:
     def chat_stream(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,
                     session: str | None = None, cache_markers: Sequence[Mapping] | None = None,
                     sampling: Any = None, request_id: str = "", timeout: float | None = None):
-        req = pb.ChatRequest(messages=[message_to_proto(m) for m in messages],
-                             tools=[tool_to_proto(t) for t in tools or ()], session=session or "",
-                             cache_markers=[marker_to_proto(m) for m in cache_markers or ()], request_id=request_id)
-        if sampling is not None:
-            req.sampling.CopyFrom(sampling_to_proto(sampling))
+        req = chat_request(messages, tools=tools, session=session, cache_markers=cache_markers,
+                           sampling=sampling, request_id=request_id)
         return self.stub.Chat(req, **self._kw(timeout))
 
     def chat(self, messages, **kwargs) -> Result:
@@ -194,7 +304,8 @@ class NInferClient:
 
     # --- unary -------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_special_tokens: bool = False, timeout: float | None = None) -> list[int]:
-        req = pb.TokenizeRequest(text=text, add_special_tokens=add_special_tokens)
+        req = pb.TokenizeRequest(text=validate.check_text(text, "text", optional=False),
+                                 add_special_tokens=bool(add_special_tokens))
         return list(self.stub.Tokenize(req, **self._kw(timeout)).token_ids)
 
     def model_info(self, timeout: float | None = None) -> dict:
@@ -211,3 +322,13 @@ class NInferClient:
         """"SERVING", "NOT_SERVING", ... for `service` ("" = the whole server)."""
         resp = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def is_unreachable(exc: grpc.RpcError) -> bool:
+    """A call that failed because no server answered at the address (refused, unresolvable),
+    as opposed to an UNAVAILABLE answer from the server itself (warming up, shutting down)."""
+    if exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = (exc.details() or "").lower()
+    return any(s in details for s in ("failed to connect", "connection refused", "errors resolving",
+                                      "dns resolution failed", "name resolution", "connect failed"))

@@ -62,10 +62,10 @@ def _json_object(text: str, where: str) -> dict:
     return value
 
 
-def message_from_proto(m: pb.ChatMessage, limits: ServerLimits) -> dict:
+def message_from_proto(m: pb.ChatMessage, limits: ServerLimits, index: int = 0) -> dict:
     out: dict[str, Any] = {"role": m.role}
     if m.parts:
-        limits.check_count(len(m.parts), limits.max_parts, "content parts")
+        limits.check_count(len(m.parts), limits.max_parts, f"messages[{index}].parts")
         parts = []
         for p in m.parts:
             part: dict[str, Any] = {"type": p.type or "text", "text": p.text}
@@ -122,7 +122,7 @@ def chat_from_proto(req: pb.ChatRequest, limits: ServerLimits) -> dict:
     chars = sum(len(m.content) + sum(len(p.text) for p in m.parts) for m in req.messages)
     limits.check_chars(chars, "messages")
     return {
-        "messages": [message_from_proto(m, limits) for m in req.messages],
+        "messages": [message_from_proto(m, limits, i) for i, m in enumerate(req.messages)],
         "tools": [tool_from_proto(t, k) for k, t in enumerate(req.tools)] or None,
         "session": req.session or None,
         "cache_markers": [marker_from_proto(m, k) for k, m in enumerate(req.cache_markers)] or None,

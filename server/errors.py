@@ -1,4 +1,4 @@
-"""Engine and frontend errors -> gRPC status codes (DESIGN.md doctrine 3: a clear, typed error).
+"""Engine and frontend errors -> gRPC status codes (doctrine 3 of docs/rules.md: a clear, typed error).
 
 One table, read top to bottom; the first class that matches wins. Anything not in it is a bug
 on our side and answers INTERNAL without the traceback.
@@ -23,7 +23,9 @@ STATUS_OF: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 
 
 class BadRequest(ValueError):
-    """A request the server itself refuses before the engine sees it (limits, malformed fields)."""
+    """A request the server itself refuses before the engine sees it (limits, malformed fields).
+    Its text starts with the field ("sampling.max_tokens: ..."); clients see it as
+    "RequestError: <text>", like a RequestError of the engine (docs/server.md "Errors")."""
 
 
 class DuplicateRequestId(BadRequest):
@@ -33,9 +35,9 @@ class DuplicateRequestId(BadRequest):
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The status code and the message a client sees for `exc`."""
     if isinstance(exc, DuplicateRequestId):
-        return grpc.StatusCode.ALREADY_EXISTS, str(exc)
+        return grpc.StatusCode.ALREADY_EXISTS, f"RequestError: {exc}"
     if isinstance(exc, BadRequest):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        return grpc.StatusCode.INVALID_ARGUMENT, f"RequestError: {exc}"
     for cls, code in STATUS_OF:
         if isinstance(exc, cls):
             return code, f"{type(exc).__name__}: {exc}"

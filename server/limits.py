@@ -6,11 +6,9 @@ a single RPC may ask of the process: message bytes, prompt characters, list leng
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from server.errors import BadRequest
-
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+from server.validate import REQUEST_ID, REQUEST_ID_RULE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +30,8 @@ class ServerLimits:
     def check_request_id(self, request_id: str) -> str | None:
         if not request_id:
             return None
-        if not _REQUEST_ID.match(request_id):
-            raise BadRequest("request_id: 1-128 characters of [A-Za-z0-9._:-]")
+        if not REQUEST_ID.match(request_id):
+            raise BadRequest(f"request_id: {REQUEST_ID_RULE}")  # the client checks the same rule
         return request_id
 
     def check_chars(self, n: int, what: str) -> None:

@@ -22,6 +22,7 @@ from server.errors import DuplicateRequestId, status_for
 from server.limits import ServerLimits
 from server.proto import ninfer_pb2 as pb
 from server.proto import ninfer_pb2_grpc as pb_grpc
+from server.validate import WARMING_UP
 
 log = logging.getLogger("ninfer.server")
 SERVER_VERSION = "ninfer.v1/0.1.0"
@@ -70,7 +71,7 @@ class NInferServicer(pb_grpc.NInferServicer):
         if self._closing:
             context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         if self.engine is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "server is warming up (loading and compiling the model)")
+            context.abort(grpc.StatusCode.UNAVAILABLE, WARMING_UP)  # a waiting client looks for it
         failure = getattr(self.engine, "failure", None)  # TXN-2: set once by the engine's failure cleanup
         if failure is not None and not observe:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"the engine failed and takes no requests: {failure}")
@@ -97,7 +98,7 @@ class NInferServicer(pb_grpc.NInferServicer):
         rid = self.limits.check_request_id(requested_id) or f"rpc-{uuid.uuid4().hex}"
         with self._idle:
             if rid in self._ids:
-                raise DuplicateRequestId(f"request_id {rid!r} names a request that is still running")
+                raise DuplicateRequestId(f"request_id: {rid!r} names a request that is still running")
             self._ids.add(rid)
         try:
             handle = submit(rid)
