@@ -7,12 +7,14 @@ and the bound (CFG-6).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import ledger
 from ninfer_jax.errors import ConfigError
 from ninfer_jax.model.config import ModelConfig
 
 BACKENDS = ("xla", "pallas", "interpret")
+DTYPES = ("auto", "float32", "bfloat16")
 PAUSE_ROUTES = ("auto", "snapshot", "replay")  # PAUSE-2: how a preempted request keeps its work
 DEFAULT_DEVICE_BUDGET = 1 << 30  # bytes for KV + StateImages when kv_capacity is solved (CFG-2)
 
@@ -42,7 +44,9 @@ class ContextCacheConfig:
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     model: str = "builtin:tiny-hybrid"
-    dtype: str = "float32"
+    # "auto": the checkpoint's own dtype (config.json, else its safetensors; float16 runs as
+    # bfloat16); `resolved_dtype` is the one the model runs in.
+    dtype: str = "auto"
     max_concurrency: int = 4  # C, lanes (CFG-3)
     max_context: int = 2048  # CFG-1: the logical context limit of one request
     kv_capacity: int | None = None  # Main KV tokens (CFG-2); None: solved from device_memory_bytes
@@ -59,8 +63,8 @@ class EngineConfig:
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("model", f"must be a folder or builtin:tiny-hybrid, got {self.model!r}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ConfigError("dtype", f"must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         if not isinstance(self.max_concurrency, int) or not 1 <= self.max_concurrency <= 8:
             raise ConfigError("max_concurrency", f"C must be an int in [1, 8] (CFG-3), got {self.max_concurrency!r}")
         if not isinstance(self.max_context, int) or self.max_context < 2:
@@ -77,6 +81,14 @@ class EngineConfig:
             raise ConfigError("pause_route", f"must be one of {PAUSE_ROUTES}, got {self.pause_route!r}")
         if not isinstance(self.context_cache, ContextCacheConfig):
             raise ConfigError("context_cache", "must be a ContextCacheConfig")
+
+    @functools.cached_property
+    def resolved_dtype(self) -> str:
+        """The dtype the model runs in: `dtype`, or for "auto" the checkpoint's own (read from
+        its config.json or safetensors headers once; a ConfigError if the model is unknown)."""
+        from ninfer_jax.model.model import resolve_dtype
+
+        return resolve_dtype(self.model, self.dtype)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,9 @@
     ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi] [--json] ...
 
 The trace runs twice on fresh engines with the same settings: once with the context cache on,
-once with it off (`ContextCacheConfig(enabled=False)`: the cold baseline). The figures
+once with it off (`ContextCacheConfig(enabled=False)`: the cold baseline). The cold engine's
+Program is fresh (empty pools, stores and ledger) but shares the model loaded and the steps
+compiled for the first run, so the model is loaded and compiled once. The figures
 (docs/trace.md): prompt tokens served from the cache against the offline upper bound
 (`cache_replay.upper_bound` over the prompts and outputs this run produced), prefill and replay
 tokens, H2D/D2H bytes, cache hits, and per-request latency cached vs cold (OBS-4): time to first
@@ -350,8 +352,10 @@ class Replayer:
 
 
 # ---- engines and the two runs ---------------------------------------------------------------------
-def make_engine(config, program: str):
-    """A manually stepped engine on the real model or the cost-model Program."""
+def make_engine(config, program: str, share=None):
+    """A manually stepped engine on the real model or the cost-model Program. `share`: a real
+    model Program whose loaded model and compiled steps the new engine reuses (loaded and
+    compiled once for both runs); its pools, stores, ledger and cache are its own."""
     from ninfer_jax import Engine
 
     if program == "sim":
@@ -361,7 +365,11 @@ def make_engine(config, program: str):
         return Engine(config, program=SimProgram(config), start=False)
     if program != "model":
         raise ValueError(f"--program must be 'model' or 'sim', got {program!r}")
-    return Engine(config, start=False)
+    if share is None:
+        return Engine(config, start=False)
+    from ninfer_jax.program.program import Program
+
+    return Engine(config, program=Program(config, model=share.model, steps=share.steps), start=False)
 
 
 def cold_config(config):
@@ -372,16 +380,28 @@ def cold_config(config):
         return None
 
 
-def replay_once(config, program: str, trace: Trace, label: str, **kw) -> RunResult:
-    engine = make_engine(config, program)
+class _Shared:
+    """What a later run may reuse of an earlier one's Program: the model and its compiled steps
+    (not the Program itself, whose pools are freed with it)."""
+
+    def __init__(self, program):
+        self.model, self.steps = program.model, program.steps
+
+
+def replay_once(config, program: str, trace: Trace, label: str, share: _Shared | None = None,
+                **kw) -> tuple[RunResult, _Shared | None]:
+    """One run on a fresh engine; returns its result and, on the real model, what the next run
+    can reuse."""
+    engine = make_engine(config, program, share)
     try:
         trace = map_into_vocab(trace, engine.program.vocab_size)
         if trace.mapped_ids and label == "cached run":
             print(f"[trace] token ids beyond the vocabulary ({engine.program.vocab_size}): every id mapped to "
                   f"id % {engine.program.vocab_size - RESERVED_TOP_IDS}; {trace.mapped_ids} prompt ids changed",
                   file=sys.stderr)
-        return Replayer(engine, trace, concurrency=kw.pop("concurrency", None) or config.max_concurrency,
-                        progress=label, **kw).run()
+        result = Replayer(engine, trace, concurrency=kw.pop("concurrency", None) or config.max_concurrency,
+                          progress=label, **kw).run()
+        return result, (_Shared(engine.program) if program == "model" else None)
     finally:
         engine.close()
 
@@ -489,12 +509,14 @@ def run_trace(path: str, config, *, program: str = "model", fmt: str = "auto", c
         trace = dataclasses.replace(trace, requests=trace.requests[:limit], output_tokens=trace.output_tokens[:limit])
     print(f"[trace] {path}: {trace.format}, {trace.sessions} sessions, {len(trace.requests)} requests, "
           f"program={program}", file=sys.stderr)
-    hot = replay_once(config, program, trace, "cached run", **dict(kw))
+    hot, shared = replay_once(config, program, trace, "cached run", **dict(kw))
     cold_run, disabled = None, False
     if cold:
         cfg = cold_config(config)
         disabled = cfg is not None
         if cfg is None:
             print("[trace] this build cannot disable the cache: the cold run uses the same config", file=sys.stderr)
-        cold_run = replay_once(cfg or config, program, trace, "cold run", **dict(kw))
+        # The cold run: a fresh Program (empty pools, cache off) on the model and compiled steps
+        # the cached run loaded, so the model is loaded and compiled once.
+        cold_run, _ = replay_once(cfg or config, program, trace, "cold run", share=shared, **dict(kw))
     return figures(hot.trace, hot, cold_run, program=program, cold_disabled=disabled)

@@ -257,13 +257,38 @@ def parse_config(raw: dict) -> ModelConfig:
     )
 
 
-def load_config(folder: str) -> ModelConfig:
+def declared_dtype(raw: dict) -> str | None:
+    """The dtype a `config.json` declares for its weights (`dtype`, or the legacy `torch_dtype`;
+    the wrapper's own, else its `text_config`'s), as a numpy-style name such as "bfloat16";
+    None when it declares none (or "auto")."""
+    for obj in (raw, raw.get("text_config") if isinstance(raw, dict) else None):
+        if not isinstance(obj, dict):
+            continue
+        for key in ("dtype", "torch_dtype"):
+            value = obj.get(key)
+            if isinstance(value, str) and value.strip():
+                name = value.strip().lower().removeprefix("torch.")
+                name = _DTYPE_ALIASES.get(name, name)
+                if name != "auto":
+                    return name
+    return None
+
+
+_DTYPE_ALIASES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "fp16": "float16",
+                  "fp32": "float32", "double": "float64"}
+
+
+def read_config_json(folder: str) -> dict:
+    """The parsed `config.json` of a checkpoint folder, or a ConfigError."""
     path = os.path.join(folder, "config.json")
     try:
         with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
+            return json.load(f)
     except FileNotFoundError:
         raise ConfigError("config.json", f"not found in {folder!r}") from None
     except json.JSONDecodeError as e:
         raise ConfigError("config.json", f"is not valid JSON ({e})") from None
-    return parse_config(raw)
+
+
+def load_config(folder: str) -> ModelConfig:
+    return parse_config(read_config_json(folder))

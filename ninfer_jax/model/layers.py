@@ -1,6 +1,6 @@
 """The layers of the hybrid family, as pure functions over one layer's parameters.
 
-Math facts (DESIGN.md, "The model"), checked against transformers' qwen3_next / qwen3_5 code:
+Math facts, checked against transformers' qwen3_next / qwen3_5 code:
 - zero-centred RMSNorm `x·rsqrt(mean x²+eps)·(1+w)` everywhere but the GDN output norm, which
   is plain `w` and then `·silu(z)`;
 - `q_proj` output grouped per head as `[q | gate]`, attention output `·sigmoid(gate)`;

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -16,10 +18,16 @@ import numpy as np
 
 from ninfer_jax.errors import ConfigError, RequestError
 from ninfer_jax.model import builtin, layers as L
-from ninfer_jax.model.config import LINEAR, ModelConfig, load_config
-from ninfer_jax.model.weights import load_params
+from ninfer_jax.model.config import LINEAR, ModelConfig, declared_dtype, load_config, parse_config, read_config_json
+from ninfer_jax.model.weights import ShardProgress, load_params, stored_dtype
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+AUTO = "auto"  # the checkpoint's own dtype (resolve_dtype)
+# A checkpoint's dtype → the engine dtype "auto" picks. float16 becomes bfloat16: the same
+# bytes, float32's range (float16 activations overflow), 3 fewer mantissa bits.
+_ENGINE_DTYPE = {"float32": "float32", "float64": "float32", "bfloat16": "bfloat16", "float16": "bfloat16"}
+
+log = logging.getLogger("ninfer_jax.model")
 
 
 @dataclasses.dataclass
@@ -31,6 +39,11 @@ class Model:
     dtype: jnp.dtype
     name: str
     mtp: dict | None = None  # kept by name for the speculative backend
+
+    @property
+    def dtype_name(self) -> str:
+        """"float32" or "bfloat16"."""
+        return jnp.dtype(self.dtype).name
 
     def forward(self, token_ids) -> jax.Array:
         """Logits `[T, vocab]` (float32) of one whole uncached pass over `token_ids` `[T]`."""
@@ -70,20 +83,67 @@ def _forward(params: dict, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
     return lm_head(params, L.rms_norm(x, params["norm"], cfg.rms_norm_eps))
 
 
-def load_model(path_or_name: str = builtin.NAME, dtype: str = "float32") -> Model:
-    """A `Model` from a checkpoint folder (HF config.json + safetensors) or `builtin:tiny-hybrid`."""
-    if dtype not in DTYPES:
-        raise ConfigError("dtype", f"must be one of {sorted(DTYPES)}, got {dtype!r}")
+def checkpoint_dtype(path_or_name: str) -> str:
+    """The dtype a model's weights are stored in: `config.json`'s `dtype` (or legacy
+    `torch_dtype`), else the dtype holding most bytes in its safetensors headers;
+    float32 for the built-in model."""
+    if path_or_name.startswith("builtin:"):
+        _check_builtin(path_or_name)
+        return "float32"
+    _check_folder(path_or_name)
+    raw = read_config_json(path_or_name)
+    parse_config(raw)  # a bad config is reported before anything about the weights
+    declared = declared_dtype(raw)
+    if declared is not None:
+        return declared
+    stored = stored_dtype(path_or_name)
+    if stored is None:
+        raise ConfigError("dtype", f"auto: {path_or_name!r} declares no dtype and holds no floating tensors; "
+                                   f"pass one of {sorted(DTYPES)}")
+    return stored
+
+
+def resolve_dtype(path_or_name: str, dtype: str = AUTO) -> str:
+    """The engine dtype (float32 or bfloat16) a model runs in: `dtype` when given, for "auto"
+    the checkpoint's own (float16 → bfloat16, float64 → float32)."""
+    if dtype != AUTO:
+        if dtype not in DTYPES:
+            raise ConfigError("dtype", f"must be {AUTO!r} or one of {sorted(DTYPES)}, got {dtype!r}")
+        return dtype
+    stored = checkpoint_dtype(path_or_name)
+    engine = _ENGINE_DTYPE.get(stored)
+    if engine is None:
+        raise ConfigError("dtype", f"auto: the checkpoint is stored in {stored}, which the engine does not run; "
+                                   f"pass one of {sorted(DTYPES)}")
+    if engine != stored:
+        log.warning("%s is stored in %s: running it in %s (auto)", path_or_name, stored, engine)
+    return engine
+
+
+def _check_builtin(name: str) -> None:
+    if name != builtin.NAME:
+        raise ConfigError("model", f"unknown built-in model {name!r}; available: {builtin.NAME}")
+
+
+def _check_folder(path: str) -> None:
+    if not os.path.isdir(path):
+        raise ConfigError("model", f"{path!r} is neither a folder nor {builtin.NAME}")
+
+
+def load_model(path_or_name: str = builtin.NAME, dtype: str = AUTO,
+               progress: Callable[[ShardProgress], None] | None = None) -> Model:
+    """A `Model` from a checkpoint folder (HF config.json + safetensors) or `builtin:tiny-hybrid`,
+    in `dtype` ("auto": the checkpoint's own, `resolve_dtype`). `progress` hears of each
+    safetensors shard as it is read (`ShardProgress.line()` is the engine's stderr line)."""
+    dtype = resolve_dtype(path_or_name, dtype)
     np_dtype = np.dtype(jnp.dtype(DTYPES[dtype]))
     if path_or_name.startswith("builtin:"):
-        if path_or_name != builtin.NAME:
-            raise ConfigError("model", f"unknown built-in model {path_or_name!r}; available: {builtin.NAME}")
+        _check_builtin(path_or_name)
         cfg = builtin.config()
         params, mtp = builtin.params(cfg, np_dtype), None
     else:
-        if not os.path.isdir(path_or_name):
-            raise ConfigError("model", f"{path_or_name!r} is neither a folder nor {builtin.NAME}")
+        _check_folder(path_or_name)
         cfg = load_config(path_or_name)
-        params, mtp = load_params(path_or_name, cfg, np_dtype)
+        params, mtp = load_params(path_or_name, cfg, np_dtype, progress=progress)
     params = jax.tree.map(jnp.asarray, params)
     return Model(config=cfg, params=params, dtype=DTYPES[dtype], name=path_or_name, mtp=mtp)

@@ -30,7 +30,7 @@ from ninfer_jax.model.config import LINEAR, ModelConfig
 from ninfer_jax.model.model import Model, lm_head
 from pallas_kernels import conv1d, gdn, page_copy, paged_attention
 
-PAGE_SIZE = 64  # Main KV tokens per page (DESIGN.md)
+PAGE_SIZE = 64  # Main KV tokens per page
 GDN_CHUNK = 64
 
 log = logging.getLogger("ninfer_jax.model")
@@ -179,10 +179,21 @@ class CompiledSteps:
         self.progress = progress
         self.compilations: list[Compilation] = []
         self._executables: dict[tuple, object] = {}
+        self._pools: tuple | None = None  # shapes and dtypes of the pools the executables take
         cfg = model.config
         self._prefill = jax.jit(functools.partial(prefill_chunk, cfg=cfg, backend=backend),
                                 static_argnames=("all_logits",), donate_argnums=(1, 2))
         self._decode = jax.jit(functools.partial(decode_step, cfg=cfg, backend=backend), donate_argnums=(1, 2))
+
+    def bind_pools(self, kv, state) -> None:
+        """Declare the pools these steps will run on. Buckets are keyed by the per-call shapes
+        only, so every Program sharing these steps must have pools of the same shapes."""
+        shapes = tuple((a.shape, jnp.dtype(a.dtype).name) for a in jax.tree.leaves((kv, state)))
+        if self._pools is None:
+            self._pools = shapes
+        elif self._pools != shapes:
+            raise ValueError("these compiled steps run on pools of other shapes (another capacity or "
+                             "dtype): build new CompiledSteps for this Program")
 
     def _executable(self, kind: str, fn, args: tuple, static: dict):
         bucket = (kind,) + tuple(a.shape for a in args[3:]) + tuple(sorted(static.items()))

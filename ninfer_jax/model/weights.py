@@ -8,15 +8,20 @@ bfloat16. `mtp.*` tensors are kept for the speculative backend; an incomplete MT
 MTP with a warning; vision tensors are ignored with a warning. Missing, unexpected or
 misshapen tensors are reported together in one `CheckpointError`.
 
+Tensors are read in file order (shard by shard, by offset), and a `progress` callback hears
+of each shard as it is finished (`ShardProgress`: its size, the bytes so far, an ETA).
+
 The pytree (matmul weights stored `[in, out]`):
   embed [V, H], lm_head [H, V] (absent when tied), norm [H], layers: list of dicts.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import re
+import time
 from typing import Callable
 
 import numpy as np
@@ -65,6 +70,20 @@ def param_shapes(cfg: ModelConfig) -> dict:
 
 # ---- reading files ----------------------------------------------------------------------
 
+# Safetensors header dtypes of floating tensors, by numpy-style name.
+_HEADER_DTYPES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16",
+                  "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    path: str
+    key: str  # the name in the file (with its prefix)
+    offset: int  # start of its bytes in the file's data section
+    nbytes: int
+    dtype: str  # the header's dtype code (F32, BF16, ...)
+
+
 class _Tensors:
     """Lazy access to every tensor of a checkpoint folder, by (prefix-stripped) HF name."""
 
@@ -82,46 +101,149 @@ class _Tensors:
             files = ["model.safetensors"]
         else:
             raise CheckpointError(f"{folder!r} holds no model.safetensors nor model.safetensors.index.json")
-        self._where: dict[str, tuple[str, str]] = {}
+        self.files: list[str] = []  # shard paths, in name order
+        self._where: dict[str, _Entry] = {}
+        self._on_read: Callable[[str], None] | None = None
         for name in files:
             path = os.path.join(folder, name)
             if not os.path.exists(path):
                 raise CheckpointError(f"shard {name!r} named by the index is missing from {folder!r}")
             try:
-                with safe_open(path, framework="numpy") as f:
-                    keys = list(f.keys())
+                with safe_open(path, framework="numpy"):
+                    pass  # the library's own checks of the header
                 # The header can be intact while the data is cut short: check the byte span.
-                _check_length(path)
+                header = _read_header(path)
             except (SafetensorError, OSError, ValueError) as e:
                 raise CheckpointError(f"{path}: unreadable or truncated safetensors file ({e})") from None
-            for key in keys:
-                self._where[_strip(key)] = (path, key)
+            self.files.append(path)
+            for key, info in header.items():
+                start, end = info["data_offsets"]
+                self._where[_strip(key)] = _Entry(path, key, start, end - start, info["dtype"])
 
     def names(self) -> set[str]:
         return set(self._where)
 
+    def entry(self, name: str) -> _Entry:
+        return self._where[name]
+
+    def position(self, name: str) -> tuple[int, int]:
+        """Where the tensor's bytes lie: (shard number, offset), for reading in file order."""
+        e = self._where[name]
+        return self.files.index(e.path), e.offset
+
     def shape(self, name: str) -> tuple[int, ...]:
-        path, key = self._where[name]
-        with safe_open(path, framework="numpy") as f:
-            return tuple(f.get_slice(key).get_shape())
+        e = self._where[name]
+        with safe_open(e.path, framework="numpy") as f:
+            return tuple(f.get_slice(e.key).get_shape())
 
     def get(self, name: str) -> np.ndarray:
-        path, key = self._where[name]
+        e = self._where[name]
         try:
-            with safe_open(path, framework="numpy") as f:
-                return f.get_tensor(key)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"{path}: cannot read tensor {key!r} ({e})") from None
+            with safe_open(e.path, framework="numpy") as f:
+                value = f.get_tensor(e.key)
+        except (SafetensorError, OSError, ValueError) as err:
+            raise CheckpointError(f"{e.path}: cannot read tensor {e.key!r} ({err})") from None
+        if self._on_read is not None:
+            self._on_read(name)
+        return value
+
+    def stored_dtype(self) -> str | None:
+        """The floating dtype holding most of the checkpoint's bytes ("bfloat16", ...), or None."""
+        by_dtype: dict[str, int] = {}
+        for e in self._where.values():
+            if e.dtype in _HEADER_DTYPES:
+                by_dtype[e.dtype] = by_dtype.get(e.dtype, 0) + e.nbytes
+        if not by_dtype:
+            return None
+        return _HEADER_DTYPES[max(sorted(by_dtype), key=by_dtype.get)]
 
 
-def _check_length(path: str) -> None:
+def _read_header(path: str) -> dict:
+    """The tensors of a safetensors file's header (no `__metadata__`), checked against the
+    file's length."""
     with open(path, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(header_len))
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    header.pop("__metadata__", None)
+    end = max((v["data_offsets"][1] for v in header.values()), default=0)
     actual = os.path.getsize(path) - 8 - header_len
     if actual < end:
         raise ValueError(f"data section holds {actual} bytes, the header needs {end}")
+    return header
+
+
+def stored_dtype(folder: str) -> str | None:
+    """The dtype a checkpoint folder's safetensors hold most of their floating bytes in."""
+    return _Tensors(folder).stored_dtype()
+
+
+# ---- loading progress ------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ShardProgress:
+    """One shard finished: `done` of `count` shards, `done_bytes` of `total_bytes` (file sizes)."""
+
+    done: int
+    count: int
+    name: str  # the shard's file name
+    shard_bytes: int
+    done_bytes: int
+    total_bytes: int
+    elapsed_s: float
+
+    @property
+    def eta_s(self) -> float:
+        """Seconds left at the rate so far (0 when finished)."""
+        left = self.total_bytes - self.done_bytes
+        return self.elapsed_s * left / self.done_bytes if self.done_bytes and left > 0 else 0.0
+
+    def line(self) -> str:
+        """`[ninfer] weights 2/5 model-00002-of-00005.safetensors (4.9 GB) 3.9/9.8 GB, ETA 12 s`"""
+        scale, unit = next((s, u) for s, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (1, "B"))
+                           if self.total_bytes >= s or s == 1)
+        size = lambda n: f"{n / scale:.1f}" if scale > 1 else str(n)  # noqa: E731
+        tail = (f"ETA {self.eta_s:.0f} s" if self.done < self.count
+                else f"done in {self.elapsed_s:.1f} s")
+        return (f"[ninfer] weights {self.done}/{self.count} {self.name} ({size(self.shard_bytes)} {unit}) "
+                f"{size(self.done_bytes)}/{size(self.total_bytes)} {unit}, {tail}")
+
+
+class _ShardTracker:
+    """Reports each shard once every tensor to be read from it has been read."""
+
+    def __init__(self, tensors: _Tensors, reads: set[str], callback: Callable[[ShardProgress], None]):
+        self._callback = callback
+        self._sizes = {p: os.path.getsize(p) for p in tensors.files}
+        self._total = sum(self._sizes.values())
+        self._pending = {p: set() for p in tensors.files}
+        for name in reads:
+            self._pending[tensors.entry(name).path].add(name)
+        self._shard_of = {name: tensors.entry(name).path for name in reads}
+        self._reported: list[str] = []
+        self._done_bytes = 0
+        self._start = time.perf_counter()
+
+    def read(self, name: str) -> None:
+        path = self._shard_of.get(name)
+        if path is None:
+            return
+        pending = self._pending[path]
+        pending.discard(name)
+        if not pending and path not in self._reported:
+            self._report(path)
+
+    def finish(self) -> None:
+        """Shards nothing was read from (only ignored tensors) count as finished at the end."""
+        for path in self._sizes:
+            if path not in self._reported:
+                self._report(path)
+
+    def _report(self, path: str) -> None:
+        self._reported.append(path)
+        self._done_bytes += self._sizes[path]
+        self._callback(ShardProgress(len(self._reported), len(self._sizes), os.path.basename(path),
+                                     self._sizes[path], self._done_bytes, self._total,
+                                     time.perf_counter() - self._start))
 
 
 def _strip(key: str) -> str:
@@ -215,51 +337,81 @@ def _regroup_next(cfg: ModelConfig) -> tuple[Callable, ...]:
     return qkv, z, ba("b"), ba("a")
 
 
-def load_params(folder: str, cfg: ModelConfig, dtype) -> tuple[dict, dict | None]:
-    """Read, check and convert every tensor. Returns (params as numpy arrays of `dtype`, mtp)."""
+def load_params(folder: str, cfg: ModelConfig, dtype,
+                progress: Callable[[ShardProgress], None] | None = None) -> tuple[dict, dict | None]:
+    """Read, check and convert every tensor. Returns (params as numpy arrays of `dtype`, mtp).
+    `progress` is called once per shard, as each one is finished."""
     tensors = _Tensors(folder)
     names = tensors.names()
     sources = _sources(cfg, names)
     shapes = param_shapes(cfg)
 
-    missing: list[str] = []
-    misshapen: list[str] = []
-    used: set[str] = set()
+    # Every leaf with where it goes; read in file order, errors listed in pytree order.
+    leaves = [(("top", k), sources[k], shapes[k]) for k in shapes if k != "layers"]
+    leaves += [(("layer", i, k), src[k], shp[k])
+               for i, (src, shp) in enumerate(zip(sources["layers"], shapes["layers"])) for k in shp]
+    complete = [keys for _, (keys, _), _ in leaves if all(k in names for k in keys)]
+    reads: set[str] = {k for keys in complete for k in keys}
+    used = set(reads)
+    if cfg.tie_word_embeddings and "lm_head.weight" in names:
+        used.add("lm_head.weight")  # some tied checkpoints still store the copy
+    vision = sorted(n for n in names - used if _VISION.match(n))
+    mtp_names = sorted(n for n in names - used if n.startswith("mtp."))
+    unexpected = sorted(names - used - set(vision) - set(mtp_names))
+    mtp_load, mtp_warning = _mtp_plan(cfg, mtp_names)
+    tracker = None
+    if progress is not None:
+        tracker = _ShardTracker(tensors, reads | set(mtp_load or ()), progress)
+        tensors._on_read = tracker.read
 
-    def build(src, shape):
+    missing: list[tuple[int, str]] = []
+    misshapen: list[tuple[int, str]] = []
+
+    def build(order, src, shape):
         keys, fn = src
         absent = [k for k in keys if k not in names]
         if absent:
-            missing.extend(absent)
+            missing.extend((order, k) for k in absent)
             return None
-        used.update(keys)
         try:
             value = fn(*[tensors.get(k) for k in keys])
         except ValueError as e:  # a reshape of a wrongly sized grouped tensor
-            misshapen.append(f"{keys[0]} {tensors.shape(keys[0])} ({e})")
+            misshapen.append((order, f"{keys[0]} {tensors.shape(keys[0])} ({e})"))
             return None
         if tuple(value.shape) != tuple(shape):
             got = ", ".join(f"{k} {tensors.shape(k)}" for k in keys[:2])
-            misshapen.append(f"{got} → {tuple(value.shape)}, expected {tuple(shape)} in [in, out] layout")
+            misshapen.append((order, f"{got} → {tuple(value.shape)}, expected {tuple(shape)} in [in, out] layout"))
             return None
         return np.asarray(value).astype(dtype)
 
-    params = {k: build(sources[k], shapes[k]) for k in shapes if k != "layers"}
-    params["layers"] = [{k: build(src[k], shp[k]) for k in shp}
-                        for src, shp in zip(sources["layers"], shapes["layers"])]
-    if cfg.tie_word_embeddings and "lm_head.weight" in names:
-        used.add("lm_head.weight")  # some tied checkpoints still store the copy
+    def position(order: int) -> tuple[int, int]:
+        keys = [k for k in leaves[order][1][0] if k in names]
+        return min(tensors.position(k) for k in keys) if keys else (len(tensors.files), 0)
 
-    vision = sorted(n for n in names - used if _VISION.match(n))
+    params: dict = {"layers": [{} for _ in shapes["layers"]]}
+    for order in sorted(range(len(leaves)), key=position):
+        where, src, shape = leaves[order]
+        value = build(order, src, shape)
+        if where[0] == "top":
+            params[where[1]] = value
+        else:
+            params["layers"][where[1]][where[2]] = value
+    params["layers"] = [{k: layer[k] for k in shp} for layer, shp in zip(params["layers"], shapes["layers"])]
+    params = {k: params[k] for k in shapes}
+
     if vision:
         log.warning("ignoring %d vision tensors (%s, ...): vision input is not supported yet",
                     len(vision), vision[0])
-    mtp_names = sorted(n for n in names - used if n.startswith("mtp."))
-    unexpected = sorted(names - used - set(vision) - set(mtp_names))
     if missing or unexpected or misshapen:
         raise CheckpointError(f"checkpoint {folder!r} does not match its config ({cfg.model_type})",
-                              missing=missing, unexpected=unexpected, misshapen=misshapen)
-    return params, _load_mtp(cfg, tensors, mtp_names, dtype)
+                              missing=[m for _, m in sorted(missing, key=lambda x: x[0])], unexpected=unexpected,
+                              misshapen=[m for _, m in sorted(misshapen, key=lambda x: x[0])])
+    if mtp_warning:
+        log.warning("%s", mtp_warning)
+    mtp = None if mtp_load is None else {n: np.asarray(tensors.get(n)).astype(dtype) for n in mtp_load}
+    if tracker is not None:
+        tracker.finish()
+    return params, mtp
 
 
 _MTP_REQUIRED = ("mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
@@ -269,13 +421,13 @@ _MTP_LAYER_REQUIRED = ("input_layernorm.weight", "post_attention_layernorm.weigh
                        "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight")
 
 
-def _load_mtp(cfg: ModelConfig, tensors: _Tensors, mtp_names: list[str], dtype) -> dict | None:
-    """Keep the MTP tensors by name when the set is complete; otherwise warn and disable MTP."""
+def _mtp_plan(cfg: ModelConfig, mtp_names: list[str]) -> tuple[list[str] | None, str | None]:
+    """The MTP tensors to keep by name (None: no MTP) and the warning to give, if any: the set
+    is kept only when complete; otherwise MTP is disabled and the main model loads normally."""
     if not mtp_names and not cfg.mtp_num_hidden_layers:
-        return None
+        return None, None
     if not cfg.mtp_num_hidden_layers:
-        log.warning("ignoring %d mtp.* tensors: the config declares no MTP layers", len(mtp_names))
-        return None
+        return None, f"ignoring {len(mtp_names)} mtp.* tensors: the config declares no MTP layers"
     present = set(mtp_names)
     required = list(_MTP_REQUIRED)
     for i in range(cfg.mtp_num_hidden_layers):
@@ -284,7 +436,7 @@ def _load_mtp(cfg: ModelConfig, tensors: _Tensors, mtp_names: list[str], dtype) 
     lacking += [f"mtp.layers.{i}.mlp.*" for i in range(cfg.mtp_num_hidden_layers)
                 if not any(n.startswith(f"mtp.layers.{i}.mlp.") for n in present)]
     if lacking:
-        log.warning("MTP disabled: the checkpoint's MTP set is incomplete (missing %s); "
-                    "the main model loads normally", ", ".join(lacking[:6]) + (" ..." if len(lacking) > 6 else ""))
-        return None
-    return {n: np.asarray(tensors.get(n)).astype(dtype) for n in mtp_names}
+        return None, ("MTP disabled: the checkpoint's MTP set is incomplete (missing "
+                      + ", ".join(lacking[:6]) + (" ..." if len(lacking) > 6 else "")
+                      + "); the main model loads normally")
+    return mtp_names, None

@@ -1,4 +1,4 @@
-"""The Program: the only owner of the model's mutable resources (DESIGN.md).
+"""The Program: the only owner of the model's mutable resources.
 
 It holds the parameters, the donated device pools (Main KV pages, StateImage slots) and the
 Host arena through `ProgramStores`, the jitted step functions compiled once per shape bucket
@@ -47,26 +47,45 @@ def decode_buckets(max_concurrency: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _print_shard(p) -> None:
+    print(p.line(), file=sys.stderr)
+
+
 class Program:
     """Real model math on the device pools."""
 
-    def __init__(self, config: EngineConfig, model: Model | None = None):
+    def __init__(self, config: EngineConfig, model: Model | None = None, steps: CompiledSteps | None = None):
+        """`model`: an already loaded model (else `config.model` is loaded in
+        `config.resolved_dtype`); `steps`: that model's compiled step functions, shared with
+        another Program of the same pool shapes (its own pools, stores and ledger are fresh),
+        so nothing compiles twice."""
         self.config = config
-        self.model = model if model is not None else load_model(config.model, config.dtype)
+        if model is None and steps is not None:
+            model = steps.model
+        if model is None:
+            progress = _print_shard if config.progress else None
+            model = load_model(config.model, config.resolved_dtype, progress=progress)
+        self.model = model
+        self.dtype: str = model.dtype_name  # the resolved dtype ("auto" never reaches here)
         cfg = self.model.config
         itemsize = jnp.dtype(self.model.dtype).itemsize
         self.capacity: Capacity = resolve_capacity(config, cfg, itemsize)
         kv, state = init_pools(cfg, self.capacity.kv_pages, self.capacity.state_slots, self.model.dtype)
+        if steps is None:
+            steps = CompiledSteps(self.model, backend=config.backend, progress=config.progress)
+        elif steps.model is not self.model or steps.backend != config.backend:
+            raise ValueError("shared CompiledSteps must be of the same model and kernel backend")
+        steps.bind_pools(kv, state)
         self.stores = ProgramStores([UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, kv, PAGE_SIZE),
                                      UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, state)],
                                     self.capacity.host_capacity_bytes)
-        self.steps = CompiledSteps(self.model, backend=config.backend, progress=config.progress)
+        self.steps = steps
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = tuple(cfg.eos_token_id)
         self.chunk_size = config.chunk_size
         self.decode_buckets = decode_buckets(config.max_concurrency)
         # State computed under another model, dtype or kernel backend is never adopted (CKP-4).
-        self.execution_tag = f"{config.model}|{config.dtype}|{config.backend}"
+        self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}"
         self._hidden_logits = jax.jit(lm_head)
 
     # ---- facts ----------------------------------------------------------------------
@@ -132,7 +151,7 @@ class Program:
 
     def hidden_logits(self, slot: int, last_token: int = 0, position: int = 0) -> np.ndarray:
         """Logits `[V]` from a StateImage's continuation hidden: an exact hit of a whole prompt
-        samples its first token without recomputing anything (DESIGN.md, StateImage). The last
+        samples its first token without recomputing anything (docs/rules.md, StateImage). The last
         token and its position are for the cost-model Program, which keeps no hidden."""
         hidden = self.stores.pools[ledger.STATE_POOL].read_hidden(slot)
         return np.asarray(self._hidden_logits(self.model.params, hidden))

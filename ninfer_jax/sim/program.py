@@ -36,7 +36,11 @@ class SimProgram:
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None, cost: CostModel = CostModel()):
         self.config = config
         cfg = model_config if model_config is not None else builtin.config()
-        self.capacity: Capacity = resolve_capacity(config, cfg, 2 if config.dtype == "bfloat16" else 4)
+        # "auto" on the sim's model config: the built-in model is float32; a bf16 checkpoint's own
+        # dtype is read only when the sim is given that checkpoint's config (its folder).
+        self.dtype = config.dtype if config.dtype != "auto" else (
+            config.resolved_dtype if model_config is not None and not config.model.startswith("builtin:") else "float32")
+        self.capacity: Capacity = resolve_capacity(config, cfg, 2 if self.dtype == "bfloat16" else 4)
         self.stores = ProgramStores(
             [UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, jnp.zeros((self.capacity.kv_pages, 1), jnp.uint8), 64),
              UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, jnp.zeros((self.capacity.state_slots, 1), jnp.uint8))],
@@ -48,7 +52,7 @@ class SimProgram:
         self.cost = cost
         self.sim_seconds = 0.0
         self.compilations = 0
-        self.execution_tag = f"sim|{config.model}|{config.dtype}"
+        self.execution_tag = f"sim|{config.model}|{self.dtype}"
 
     @property
     def state(self) -> ledger.LedgerState:
