@@ -1,43 +1,61 @@
-"""The `ninfer` command: generate | chat | serve | bench | trace (absl flags).
+"""The `ninfer` command: generate | chat | serve | bench | trace | help (absl flags).
 
-Flags are named like the Python API. Output goes to stdout, progress to stderr.
+Flags are named like the Python API. Output goes to stdout, progress to stderr. `ninfer --help`
+lists the commands, `ninfer COMMAND --help` a command's flags (ninfer_jax/cli_help.py).
+
+Exit status: 0 done; 2 a usage error, refused before any model loads or compiles (bad flags,
+sampling values, token ids, a prompt the model cannot take, a missing checkpoint: one line
+`ninfer COMMAND: ErrorClass: message` on stderr, from engine/preflight.py, which applies the
+engine's own rules); 1 an error once the engine runs.
 """
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 from absl import app, flags
 
+from ninfer_jax import cli_help
+
 FLAGS = flags.FLAGS
 
-_MODEL = flags.DEFINE_string("model", "builtin:tiny-hybrid", "Checkpoint folder or builtin:tiny-hybrid.")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter and activation dtype.")
-_PROMPT = flags.DEFINE_string("prompt", "Hello", "Prompt text, or token ids when --token_ids is set.")
+# Sampling and engine flags carry no absl bounds: SamplingParams and EngineConfig are the one
+# rule, and their typed errors are what the CLI reports (exit 2, before the model loads).
+_MODEL = flags.DEFINE_string("model", "builtin:tiny-hybrid", "Checkpoint folder (config.json, safetensors, "
+                             "tokenizer.json) or builtin:tiny-hybrid.")
+_DTYPE = flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
+                           "Parameter and activation dtype; auto: the checkpoint's own.")
+_PROMPT = flags.DEFINE_string("prompt", "Hello", "Prompt text.")
 _TOKEN_IDS = flags.DEFINE_string("token_ids", None, "Comma-separated prompt token ids (instead of --prompt).")
-_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "Tokens to generate.", lower_bound=1)
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature; 0 is greedy.", lower_bound=0.0)
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
-_JSON = flags.DEFINE_bool("json", False, "bench: print one JSON object.")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "Tokens to generate.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature in [0, 100]; 0 is greedy.")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed in [0, 2**63).")
+_JSON = flags.DEFINE_bool("json", False, "bench, trace: print one JSON object.")
 
 # serve, and generate/chat --server (the logic lives in server/cli_commands.py).
 _SERVER = flags.DEFINE_string("server", None, "generate/chat: HOST:PORT of a running `ninfer serve` to use "
                               "instead of an in-process engine.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to bind (loopback unless you say otherwise).")
-_PORT = flags.DEFINE_integer("port", 50051, "serve: port to bind (0 = any free port).", lower_bound=0)
+_PORT = flags.DEFINE_integer("port", 50051, "serve: port to bind (0 = any free port).", lower_bound=0,
+                             upper_bound=65535)
 _TOKEN = flags.DEFINE_string("token", None, "serve: bearer token required in metadata; generate/chat --server: "
                              "token to send. Default: $NINFER_TOKEN.")
-_MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", None, "Engine: requests decoded together.", lower_bound=1)
-_MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Engine: longest prompt + generation.", lower_bound=1)
-_CHUNK_SIZE = flags.DEFINE_integer("chunk_size", None, "Engine: prefill chunk length.", lower_bound=1)
-_KV_CAPACITY = flags.DEFINE_integer("kv_capacity", None, "Engine: Main KV capacity in tokens.", lower_bound=1)
+_WAIT_S = flags.DEFINE_float("wait_s", 120.0, "generate/chat --server: seconds to wait for the server to become "
+                             "SERVING", lower_bound=0.0)
+_MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", None, "Engine: requests decoded together (C, 1..8).")
+_MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Engine: longest prompt + generation, in tokens.")
+_CHUNK_SIZE = flags.DEFINE_integer("chunk_size", None, "Engine: prefill chunk length in tokens.")
+_KV_CAPACITY = flags.DEFINE_integer("kv_capacity", None, "Engine: Main KV capacity in tokens.")
 _PAUSE_ROUTE = flags.DEFINE_enum("pause_route", None, ["auto", "snapshot", "replay"],
-                                 "Engine: how a preempted request keeps its work (default auto: the cost model "
+                                 "Engine: how a preempted request keeps its work (auto: the cost model "
                                  "compares copying to Host with recomputing).")
-_DEVICE_STATE_SLOTS = flags.DEFINE_integer("device_state_slots", None, "Context cache: device StateImage slots.",
-                                           lower_bound=0)
-_HOST_CAPACITY_BYTES = flags.DEFINE_integer("host_capacity_bytes", None, "Context cache: Host arena bytes.",
-                                            lower_bound=0)
+_DEVICE_STATE_SLOTS = flags.DEFINE_integer("device_state_slots", None, "Context cache: device StateImage slots "
+                                           "beyond the C basic ones.")
+_HOST_CAPACITY_BYTES = flags.DEFINE_integer("host_capacity_bytes", None, "Context cache: Host arena bytes.")
+_COMPILATION_CACHE = flags.DEFINE_string("compilation_cache", None, "Folder for JAX's persistent compilation cache "
+                                         "(default: $NINFER_COMPILATION_CACHE, else ~/.cache/ninfer/jax); 'off' "
+                                         "disables it")
 _GRACE_S = flags.DEFINE_float("grace_s", 10.0, "serve: seconds running streams get to finish on SIGTERM/SIGINT.",
                               lower_bound=0.0)
 _MAX_MESSAGE_BYTES = flags.DEFINE_integer("max_message_bytes", 8 << 20, "serve: largest gRPC message.",
@@ -56,11 +74,42 @@ _TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "trace: replay only the
 _COLD = flags.DEFINE_bool("cold", True, "trace: also replay with the context cache off (the TTFT baseline).")
 _QUICK = flags.DEFINE_bool("quick", False, "bench preempt: the smallest run (the cost-model Program only, seconds).")
 
-COMMANDS = ("generate", "chat", "serve", "bench", "trace")
+COMMANDS = tuple(cli_help.COMMANDS)
 
 
-def _usage() -> str:
-    return "usage: ninfer {" + "|".join(COMMANDS) + "} [flags]   (ninfer --helpfull lists the flags)"
+class UsageError(Exception):
+    """A command line the CLI itself cannot read (not a request or config the engine refuses)."""
+
+
+def _usage_errors() -> tuple[type[BaseException], ...]:
+    """What preflight and the CLI's own checks raise for bad input: exit 2, one line."""
+    from ninfer_jax.errors import NInferError
+    from ninfer_jax.frontend.errors import FrontendError
+
+    return NInferError, FrontendError, UsageError
+
+
+def _say_error(command: str, exc: BaseException) -> None:
+    text = " ".join(str(exc).split())  # one line, whatever the message holds
+    print(f"ninfer {command}: {type(exc).__name__}: {text}", file=sys.stderr)
+
+
+def _refuse(command: str, exc: BaseException) -> int:
+    """A usage error: one line on stderr, exit 2, nothing loaded."""
+    _say_error(command, exc)
+    return 2
+
+
+def _failed(command: str, exc: BaseException) -> int:
+    """An error once the engine runs: one line on stderr, exit 1."""
+    _say_error(command, exc)
+    return 1
+
+
+def _no_arguments(command: str, args: list[str]) -> None:
+    if args:
+        hint = " (the prompt goes in --prompt)" if command in ("generate", "chat") else ""
+        raise UsageError(f"unexpected argument {args[0]!r}{hint}; ninfer {command} --help lists its flags")
 
 
 def _print_figures(figures: dict) -> None:
@@ -74,11 +123,20 @@ def _print_figures(figures: dict) -> None:
         print(f"{key:<{width}}  {value}")
 
 
+def _enable_compilation_cache() -> None:
+    """JAX's persistent compilation cache (--compilation_cache), before any JAX work; a folder
+    that cannot be used is a ConfigError (a usage error)."""
+    from ninfer_jax.compile_cache import enable
+
+    enable(_COMPILATION_CACHE.value)
+
+
 def cmd_bench(args: list[str]) -> int:
     from ninfer_jax import bench
 
     if not args:
-        print(f"usage: ninfer bench {{{'|'.join(sorted(bench.BENCHES))}}} [--json]", file=sys.stderr)
+        print(f"usage: ninfer bench {{{'|'.join(sorted(bench.BENCHES))}}} [--json]   (ninfer bench --help lists "
+              "them)", file=sys.stderr)
         return 2
     try:
         module = bench.load(args[0])
@@ -90,6 +148,10 @@ def cmd_bench(args: list[str]) -> int:
         args.append("--quick")
     if FLAGS["program"].present:
         args.append(f"--program={_PROGRAM.value}")
+    try:
+        _enable_compilation_cache()
+    except _usage_errors() as e:
+        return _refuse("bench", e)
     figures = module.run(args)
     if not _JSON.value and hasattr(module, "text"):
         print(module.text(figures))
@@ -99,45 +161,60 @@ def cmd_bench(args: list[str]) -> int:
 
 
 def _parse_token_ids() -> list[int]:
+    from ninfer_jax.errors import RequestError
+
     try:
         return [int(t) for t in _TOKEN_IDS.value.replace(" ", "").split(",") if t]
     except ValueError:
-        raise app.UsageError(f"--token_ids must be comma-separated integers, got {_TOKEN_IDS.value!r}") from None
+        raise RequestError(f"prompt: --token_ids must be comma-separated integers, got {_TOKEN_IDS.value!r}") from None
 
 
-def _prompt(engine):
+def _prompt_arg():
     """The prompt as token ids (--token_ids) or text (--prompt)."""
-    if _TOKEN_IDS.value is not None:
-        return _parse_token_ids()
-    if engine.tokenizer is None:
-        raise app.UsageError(f"{_MODEL.value} ships no tokenizer.json: pass --token_ids")
-    return _PROMPT.value
+    return _parse_token_ids() if _TOKEN_IDS.value is not None else _PROMPT.value
+
+
+def _engine_settings() -> dict:
+    return {"dtype": _DTYPE.value, "max_concurrency": _MAX_CONCURRENCY.value,
+            "max_context": _MAX_CONTEXT.value, "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value,
+            "pause_route": _PAUSE_ROUTE.value, "device_state_slots": _DEVICE_STATE_SLOTS.value,
+            "host_capacity_bytes": _HOST_CAPACITY_BYTES.value}
 
 
 def engine_config_from_flags():
-    """An EngineConfig from the engine flags; unset flags keep EngineConfig's defaults."""
+    """An EngineConfig from the engine flags; unset flags keep EngineConfig's defaults (ConfigError
+    for a value out of range)."""
     from ninfer_jax import ContextCacheConfig, EngineConfig
 
-    given = {"model": _MODEL.value, "dtype": _DTYPE.value, "max_concurrency": _MAX_CONCURRENCY.value,
-             "max_context": _MAX_CONTEXT.value, "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value,
-             "pause_route": _PAUSE_ROUTE.value}
-    cache = ContextCacheConfig(device_state_slots=_DEVICE_STATE_SLOTS.value,
-                               host_capacity_bytes=_HOST_CAPACITY_BYTES.value)
-    return EngineConfig(context_cache=cache, **{k: v for k, v in given.items() if v is not None})
+    given = _engine_settings()
+    cache = ContextCacheConfig(device_state_slots=given.pop("device_state_slots"),
+                               host_capacity_bytes=given.pop("host_capacity_bytes"))
+    return EngineConfig(model=_MODEL.value, context_cache=cache, **{k: v for k, v in given.items() if v is not None})
 
 
 def _sampling_dict() -> dict:
     return {"temperature": _TEMPERATURE.value, "seed": _SEED.value, "max_tokens": _MAX_TOKENS.value}
 
 
-def _engine_settings() -> dict:
-    return {"dtype": _DTYPE.value, "max_concurrency": _MAX_CONCURRENCY.value, "max_context": _MAX_CONTEXT.value,
-            "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value, "pause_route": _PAUSE_ROUTE.value,
-            "device_state_slots": _DEVICE_STATE_SLOTS.value, "host_capacity_bytes": _HOST_CAPACITY_BYTES.value}
+def _sampling():
+    """SamplingParams from the flags (RequestError for a bad value: the engine's own check)."""
+    from ninfer_jax.engine.types import SamplingParams
+
+    return SamplingParams(**_sampling_dict())
 
 
 def cmd_serve(args: list[str]) -> int:
     """Run the gRPC service until SIGTERM/SIGINT (server/cli_commands.py)."""
+    fake = _MODEL.value.startswith("fake:")  # server.testing's fake engine: no model, no JAX work
+    try:
+        _no_arguments("serve", args)
+        if not fake:
+            from ninfer_jax.engine.preflight import preflight
+
+            preflight(engine_config_from_flags())
+            _enable_compilation_cache()
+    except _usage_errors() as e:
+        return _refuse("serve", e)
     from server.cli_commands import serve
 
     return serve(model=_MODEL.value, host=_HOST.value, port=_PORT.value, token=_TOKEN.value, grace_s=_GRACE_S.value,
@@ -182,19 +259,18 @@ def _stdin_turns():
     return itertools.islice((line for line in lines if line.strip()), _TURNS.value)
 
 
-def _chat_conversation(engine, messages: list[dict], turns) -> int:
+def _chat_conversation(engine, messages: list[dict], turns, sampling) -> int:
     """A multi-turn chat: each line a user message, the reply (parsed, as a client would send it
     back) joins the history; per turn, prompt and cached tokens on stderr."""
     import os
 
-    from ninfer_jax import SamplingParams
     from ninfer_jax.bench.trace import assistant_message
 
     session = _SESSION.value or f"cli-{os.getpid()}"
     history = list(messages)
     for turn, text in enumerate(turns, 1):
         history.append({"role": "user", "content": text})
-        handle = engine.submit_chat(history, session=session, sampling=SamplingParams(**_sampling_dict()))
+        handle = engine.submit_chat(history, session=session, sampling=sampling)
         code = _stream_completion(engine, handle, f"turn {turn}")
         if code:
             return code
@@ -204,49 +280,81 @@ def _chat_conversation(engine, messages: list[dict], turns) -> int:
 
 def cmd_chat(args: list[str]) -> int:
     """One chat turn (--messages JSON or --prompt as the user message), in process or --server;
-    a conversation with --turns N or user messages on stdin (in process)."""
-    from server.cli_commands import chat_remote, parse_messages
+    a conversation with --turns N or user messages on stdin."""
+    from server.cli_commands import parse_messages
 
     try:
-        messages = parse_messages(_MESSAGES.value, _PROMPT.value)
-    except (ValueError, OSError) as e:
-        print(f"ninfer chat: {e}", file=sys.stderr)
-        return 2
-    if _SERVER.value:
-        return chat_remote(_SERVER.value, messages, _sampling_dict(), session=_SESSION.value, token=_TOKEN.value,
-                           timeout=_TIMEOUT.value)
-    from ninfer_jax import Engine, SamplingParams
-    from ninfer_jax.errors import NInferError
+        _no_arguments("chat", args)
+        try:
+            messages = parse_messages(_MESSAGES.value, _PROMPT.value)
+        except (ValueError, OSError) as e:
+            raise UsageError(str(e)) from None
+        sampling = _sampling()
+        if not _SERVER.value:
+            from ninfer_jax.engine.preflight import preflight
 
+            config = engine_config_from_flags()
+            # With --turns the history starts from --messages (or nothing): --prompt is not sent.
+            first = messages if _MESSAGES.value or _TURNS.value is None else []
+            preflight(config, messages=first, sampling=sampling)
+            _enable_compilation_cache()
+    except _usage_errors() as e:
+        return _refuse("chat", e)
     turns = _stdin_turns()
+    if _SERVER.value:
+        from server.cli_commands import chat_remote
+
+        try:
+            history = messages if turns is None or _MESSAGES.value else []  # as in process: --prompt is not a turn
+            return chat_remote(_SERVER.value, history, _sampling_dict(), session=_SESSION.value, token=_TOKEN.value,
+                               timeout=_TIMEOUT.value, wait_s=_WAIT_S.value, turns=turns)
+        except _usage_errors() as e:
+            return _refuse("chat", e)
+    from ninfer_jax import Engine
+    from ninfer_jax.errors import NInferError
+    from ninfer_jax.frontend.errors import FrontendError
+
     try:
-        with Engine(engine_config_from_flags()) as engine:
+        with Engine(config) as engine:
             if turns is not None:
-                return _chat_conversation(engine, messages if _MESSAGES.value else [], turns)
-            handle = engine.submit_chat(messages, session=_SESSION.value, sampling=SamplingParams(**_sampling_dict()))
+                return _chat_conversation(engine, messages if _MESSAGES.value else [], turns, sampling)
+            handle = engine.submit_chat(messages, session=_SESSION.value, sampling=sampling)
             return _stream_completion(engine, handle, "chat")
-    except NInferError as e:
-        print(f"ninfer chat: {e}", file=sys.stderr)
-        return 1
+    except (NInferError, FrontendError) as e:
+        return _failed("chat", e)
 
 
 def cmd_generate(args: list[str]) -> int:
     """Generate from one prompt on an in-process engine (or --server); text to stdout as it streams."""
+    try:
+        _no_arguments("generate", args)
+        sampling = _sampling()
+        prompt = _prompt_arg()
+        if not _SERVER.value:
+            from ninfer_jax.engine.preflight import preflight
+
+            config = engine_config_from_flags()
+            preflight(config, prompt=prompt, sampling=sampling)
+            _enable_compilation_cache()
+    except _usage_errors() as e:
+        return _refuse("generate", e)
     if _SERVER.value:
         from server.cli_commands import generate_remote
 
-        prompt = _PROMPT.value if _TOKEN_IDS.value is None else _parse_token_ids()
-        return generate_remote(_SERVER.value, prompt, _sampling_dict(), token=_TOKEN.value, timeout=_TIMEOUT.value)
-    from ninfer_jax import Engine, SamplingParams
+        try:
+            return generate_remote(_SERVER.value, prompt, _sampling_dict(), token=_TOKEN.value,
+                                   timeout=_TIMEOUT.value, wait_s=_WAIT_S.value)
+        except _usage_errors() as e:
+            return _refuse("generate", e)
+    from ninfer_jax import Engine
     from ninfer_jax.errors import NInferError
 
     try:
-        with Engine(engine_config_from_flags()) as engine:
-            handle = engine.submit(_prompt(engine), SamplingParams(**_sampling_dict()))
+        with Engine(config) as engine:
+            handle = engine.submit(prompt, sampling)
             return _stream_completion(engine, handle, "generate")
     except NInferError as e:
-        print(f"ninfer generate: {e}", file=sys.stderr)
-        return 1
+        return _failed("generate", e)
 
 
 def cmd_trace(args: list[str]) -> int:
@@ -256,41 +364,111 @@ def cmd_trace(args: list[str]) -> int:
     from ninfer_jax.frontend import FrontendError
 
     if len(args) != 1:
-        print("usage: ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi] [--json]",
-              file=sys.stderr)
+        print("usage: ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi] [--json]"
+              "   (ninfer trace --help lists its flags)", file=sys.stderr)
         return 2
     try:
-        figures = run_trace(args[0], engine_config_from_flags(), program=_PROGRAM.value, fmt=_TRACE_FORMAT.value,
+        from ninfer_jax.engine.preflight import preflight
+
+        config = engine_config_from_flags()
+        _sampling()
+        if _PROGRAM.value == "sim":  # the cost-model Program runs the built-in model's sizes
+            from ninfer_jax.model import builtin
+
+            preflight(config, model=builtin.config())
+        else:
+            preflight(config)
+        _enable_compilation_cache()
+    except _usage_errors() as e:
+        return _refuse("trace", e)
+    try:
+        figures = run_trace(args[0], config, program=_PROGRAM.value, fmt=_TRACE_FORMAT.value,
                             cold=_COLD.value, limit=_TRACE_LIMIT.value, temperature=_TEMPERATURE.value,
                             seed=_SEED.value, default_max_tokens=_MAX_TOKENS.value)
     except TraceError as e:
         print(f"ninfer trace: {e}", file=sys.stderr)
         return 2
     except (NInferError, FrontendError) as e:
-        print(f"ninfer trace: {e}", file=sys.stderr)
-        return 1
+        return _failed("trace", e)
     _print_figures(figures)
     return 0
 
 
+def cmd_help(args: list[str]) -> int:
+    code, text = cli_help.help_request(["help", *args])
+    print(text, file=sys.stdout if code == 0 else sys.stderr)
+    return code
+
+
+HANDLERS = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "trace": cmd_trace,
+            "help": cmd_help}
+
+
 def main(argv: list[str]) -> int:
+    """Dispatch after absl parsed the flags: argv is [program, COMMAND, positional args...]."""
     if len(argv) < 2:
-        print(_usage(), file=sys.stderr)
+        print(cli_help.general_help(), file=sys.stderr)
         return 2
     command, rest = argv[1], argv[2:]
-    handlers = {"bench": cmd_bench, "generate": cmd_generate, "serve": cmd_serve, "chat": cmd_chat,
-                "trace": cmd_trace}
-    if command not in handlers:
-        if command in COMMANDS:
-            print(f"ninfer {command}: not available yet in this build", file=sys.stderr)
-        else:
-            print(f"ninfer: unknown command {command!r}\n{_usage()}", file=sys.stderr)
+    if command not in HANDLERS:
+        print(f"ninfer: unknown command {command!r}; ninfer --help lists the commands", file=sys.stderr)
         return 2
-    return handlers[command](rest)
+    return HANDLERS[command](rest)
 
 
-def run() -> None:
-    app.run(lambda argv: sys.exit(main(argv)))
+def _command_of(argv: list[str]) -> str | None:
+    return next((a for a in argv[1:] if a in HANDLERS), None)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a bad flag reported as one line (exit 2) instead of absl's
+    FATAL banner (exit 1)."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        command = _command_of(argv)
+        where = f"ninfer {command}" if command else "ninfer"
+        print(f"{where}: {type(e).__name__}: {' '.join(str(e).split())} ({where} --help lists the flags)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
+# INFO lines JAX logs on every run, which absl's default verbosity (INFO) would print on every
+# command: the probe of a platform that is not there, and the compilation cache being (re)opened.
+_ROUTINE_JAX_LINES = {
+    "jax._src.xla_bridge": ("Unable to initialize backend 'tpu'",),
+    "jax._src.compilation_cache": ("Resetting cache at",),
+}
+
+
+class _DropRoutine(logging.Filter):
+    """Drops the routine INFO lines above; warnings, errors and every other line still show."""
+
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not record.getMessage().startswith(self.prefixes)
+
+
+def quiet_routine_jax_logs() -> None:
+    """Install the filters on JAX's loggers (before JAX initialises its backends); idempotent."""
+    for name, prefixes in _ROUTINE_JAX_LINES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropRoutine) for f in logger.filters):
+            logger.addFilter(_DropRoutine(prefixes))
+
+
+def run(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv if argv is None else argv)
+    quiet_routine_jax_logs()
+    asked = cli_help.help_request(argv[1:])  # before absl, which knows only its own --help
+    if asked is not None:
+        code, text = asked
+        print(text, file=sys.stdout if code == 0 else sys.stderr)
+        sys.exit(code)
+    app.run(lambda args: sys.exit(main(args)), argv=argv, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
-"""Test-wide settings: CPU JAX and float32 exactness (DESIGN.md, "Kernels and compilation")."""
+"""Test-wide settings: CPU JAX and float32 exactness."""
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The CLI turns JAX's persistent compilation cache on by default; tests that run the CLI (in
+# process or as subprocesses) must not write into the user's cache folder or make later tests
+# read compiled programs from disk. test_compile_cache.py names its own folder.
+os.environ.setdefault("NINFER_COMPILATION_CACHE", "off")
 
 
 def pytest_addoption(parser):

@@ -42,10 +42,20 @@ from ninfer_jax.engine.reuse import ContextCache, SavePoint
 from ninfer_jax.engine.scheduler import FreshQueue
 from ninfer_jax.engine.units import UnitPlanning
 from ninfer_jax.engine.types import SamplingParams, TokenDelta, check_prompt
-from ninfer_jax.errors import CapacityError, QueueFullError
+from ninfer_jax.errors import CapacityError, QueueFullError, RequestError
 from ninfer_jax.program.program import DecodeRow
 
 PAGE = ledger.PAGE_TOKENS
+
+
+def check_submission(prompt: Sequence[int], vocab_size: int, max_context: int) -> tuple[int, ...]:
+    """A prompt's ids as the engine admits them (doctrine 3): `check_prompt` (non-empty, ints,
+    inside the vocabulary, within max_context) and room for one generated token (CFG-1). The one
+    rule behind `make_request` and the CLI's preflight (engine/preflight.py)."""
+    ids = check_prompt(prompt, vocab_size, max_context)
+    if len(ids) >= max_context:
+        raise RequestError(f"prompt: {len(ids)} tokens leave no room to generate within max_context={max_context}")
+    return ids
 
 COUNTERS = (
     "requests_submitted", "requests_finished", "requests_cancelled", "requests_failed",
@@ -84,11 +94,7 @@ class EngineCore(UnitPlanning):
                      cancel_fn, *, saves: Sequence[SavePoint] | None = None, splits: Sequence[int] = (),
                      session=None) -> Request:
         """Validate at the boundary (doctrine 3) and build the record; nothing is queued yet."""
-        prompt = check_prompt(prompt, self.program.vocab_size, self.max_context)
-        if len(prompt) >= self.max_context:
-            from ninfer_jax.errors import RequestError
-            raise RequestError(f"prompt: {len(prompt)} tokens leave no room to generate within "
-                               f"max_context={self.max_context}")
+        prompt = check_submission(prompt, self.program.vocab_size, self.max_context)
         ticket = next(self._tickets)
         rid = request_id or f"req-{ticket}"
         seed = sp.seed if sp.seed is not None else random.getrandbits(63)

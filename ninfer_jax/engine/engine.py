@@ -54,6 +54,43 @@ def saves_of(rendered) -> list[SavePoint]:
     return [out[f] for f in sorted(out)]
 
 
+# Request-side rules shared with the CLI's preflight (engine/preflight.py), which applies them
+# before any weight is loaded; the engine applies them again at submission.
+def load_tokenizer(model: str):
+    """The model's tokenizer: the built-in one, or the folder's tokenizer.json; None when the
+    folder ships none (the engine then takes token ids only)."""
+    import os
+
+    from ninfer_jax.frontend.tokenizer import Tokenizer
+
+    if model.startswith("builtin:") or os.path.exists(os.path.join(model, "tokenizer.json")):
+        return Tokenizer.load(model)
+    return None  # token ids only
+
+
+def prompt_ids(prompt, tokenizer, model: str) -> list[int]:
+    """A raw prompt (text, or a sequence of token ids) as token ids; RequestError for text
+    without a tokenizer or something that is neither."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise RequestError(f"{model} ships no tokenizer: pass token ids")
+        return tokenizer.encode(prompt)
+    try:
+        return [int(t) if not isinstance(t, bool) else t for t in prompt]
+    except (TypeError, ValueError):
+        raise RequestError("prompt: expected text or a sequence of token ids") from None
+
+
+def chat_frontend(tokenizer, config: EngineConfig):
+    """The chat frontend requests are rendered with (input limited to max_context - 1 tokens);
+    RequestError when the model ships no tokenizer."""
+    if tokenizer is None:
+        raise RequestError(f"{config.model} ships no tokenizer: chat needs one")
+    from ninfer_jax.frontend import ChatFrontend
+
+    return ChatFrontend(tokenizer, max_input_tokens=config.max_context - 1)
+
+
 class Engine:
     def __init__(self, config: EngineConfig | None = None, *, program=None, start: bool = True):
         self.config = config if config is not None else EngineConfig()
@@ -62,7 +99,7 @@ class Engine:
             from ninfer_jax.program.program import Program
 
             if self.config.progress:
-                print(f"[ninfer] loading {self.config.model} ({self.config.dtype})", file=sys.stderr)
+                print(f"[ninfer] loading {self.config.model} ({self.config.resolved_dtype})", file=sys.stderr)
             program = Program(self.config)
         self.program = program
         self.tokenizer = self._load_tokenizer()
@@ -84,14 +121,7 @@ class Engine:
 
     # ---- set-up ------------------------------------------------------------------------
     def _load_tokenizer(self):
-        import os
-
-        from ninfer_jax.frontend.tokenizer import Tokenizer
-
-        model = self.config.model
-        if model.startswith("builtin:") or os.path.exists(os.path.join(model, "tokenizer.json")):
-            return Tokenizer.load(model)
-        return None  # token ids only
+        return load_tokenizer(self.config.model)
 
     def tokenizer_decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -163,14 +193,7 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------
     def _prompt_ids(self, prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError(f"{self.config.model} ships no tokenizer: pass token ids")
-            return self.tokenizer.encode(prompt)
-        try:
-            return [int(t) if not isinstance(t, bool) else t for t in prompt]
-        except (TypeError, ValueError):
-            raise RequestError("prompt: expected text or a sequence of token ids") from None
+        return prompt_ids(prompt, self.tokenizer, self.config.model)
 
     def submit(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None, *,
                request_id: str | None = None, session=None, anchors: Sequence[int] = (),
@@ -218,11 +241,7 @@ class Engine:
 
     def _frontend(self):
         if self._chat is None:
-            if self.tokenizer is None:
-                raise RequestError(f"{self.config.model} ships no tokenizer: chat needs one")
-            from ninfer_jax.frontend import ChatFrontend
-
-            self._chat = ChatFrontend(self.tokenizer, max_input_tokens=self.config.max_context - 1)
+            self._chat = chat_frontend(self.tokenizer, self.config)
         return self._chat
 
     def submit_chat(self, messages: list[dict], *, tools=None, session=None, cache_markers=None, anchors=None,
@@ -274,7 +293,8 @@ class Engine:
         mc = cfg.config if cfg is not None else None
         return {"name": self.config.model, "model_type": mc.model_type if mc else "sim",
                 "vocab_size": self.program.vocab_size, "max_context": self.config.max_context,
-                "max_concurrency": self.config.max_concurrency, "dtype": self.config.dtype,
+                "max_concurrency": self.config.max_concurrency,
+                "dtype": getattr(self.program, "dtype", self.config.dtype),
                 "eos_token_ids": list(self.program.eos_token_ids), "kv_pages": self.program.capacity.kv_pages,
                 "state_slots": self.program.capacity.state_slots}
 

@@ -1,4 +1,4 @@
-"""The engine's integrity check (DESIGN.md doctrine 2): the ledger and the cache policy
+"""The engine's integrity check (doctrine 2, docs/rules.md): the ledger and the cache policy
 recounted from first principles, then every binding the engine keeps checked against them."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Public request and result types: `SamplingParams`, `Completion`, `Usage`, `TokenDelta`.
 
-Validation happens here, at the boundary (DESIGN.md doctrine 3): a bad value is a
+Validation happens here, at the boundary (doctrine 3, docs/rules.md): a bad value is a
 `RequestError` naming the field, raised before the request reaches the engine.
 """
 from __future__ import annotations
@@ -60,8 +60,11 @@ class SamplingParams:
             bad("max_tokens", f"must be a positive int, got {self.max_tokens!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        for name in ("stop", "stop_token_ids"):
+            try:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+            except TypeError:
+                bad(name, f"must be a list, got {getattr(self, name)!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", "must be non-empty strings")
         if len(self.stop) > 16:

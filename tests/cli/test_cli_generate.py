@@ -20,9 +20,11 @@ def test_generate_streams_text_to_stdout_and_progress_to_stderr():
 
 
 def test_generate_bad_token_ids_is_a_clear_error():
+    """Refused before the model loads (engine/preflight.py): one line, exit 2."""
     out = _ninfer("generate", "--token_ids", "1,2,99999", "--max_concurrency", "1")
-    assert out.returncode == 1
-    assert "outside the vocabulary" in out.stderr
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "ninfer generate: RequestError: prompt: token id 99999 outside the vocabulary [0, 1024)"]
 
 
 def test_unknown_command():

@@ -1,0 +1,251 @@
+"""`ninfer --help`, `ninfer help [COMMAND]`, `ninfer COMMAND --help|-h`: the commands, and each
+command's own flags with their defaults and examples (the flags are defined in ninfer_jax/cli.py).
+
+Engine flags whose flag default is None show the default EngineConfig / ContextCacheConfig
+gives them, read from those dataclasses. absl's own flags appear only under `--helpfull`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import textwrap
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+HELP_ARGS = ("--help", "-help", "-h", "--helpshort", "-helpshort", "-?")
+HELPFULL_ARGS = ("--helpfull", "-helpfull")
+
+SAMPLING = ("max_tokens", "temperature", "seed")
+MODEL = ("model", "dtype")
+REMOTE = ("server", "token", "timeout", "wait_s")
+ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_route", "device_state_slots",
+          "host_capacity_bytes", "compilation_cache")
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    summary: str  # one line in `ninfer --help`
+    usage: str
+    about: str
+    sections: tuple[tuple[str, tuple[str, ...]], ...]  # (title, flag names)
+    examples: tuple[str, ...]
+
+
+COMMANDS: dict[str, Command] = {
+    "generate": Command(
+        "generate from one prompt, text to stdout as it streams (in process, or --server)",
+        "ninfer generate [--prompt=TEXT | --token_ids=1,2,3] [flags]",
+        "Generates from one raw prompt on an in-process engine (or a running `ninfer serve` with "
+        "--server). Text goes to stdout, progress and usage to stderr. Bad input is refused before "
+        "the model loads (exit 2).",
+        (("request", ("prompt", "token_ids") + SAMPLING), ("model", MODEL), ("--server", REMOTE),
+         ("engine", ENGINE)),
+        ('ninfer generate --prompt "Hello" --max_tokens 16',
+         "ninfer generate --model=/path/to/checkpoint --token_ids=1,2,3 --temperature 0.7 --seed 1",
+         'ninfer generate --server=127.0.0.1:50051 --prompt "Hello"')),
+    "chat": Command(
+        "chat with the model's chat template: one turn, or a conversation read from stdin",
+        "ninfer chat [--prompt=TEXT | --messages=JSON|@FILE] [--turns=N] [flags]",
+        "Renders the messages with the model's chat template and streams the reply. With --turns N, "
+        "or user messages piped on stdin (one per line), a multi-turn conversation; prompt and "
+        "cached tokens per turn on stderr. Needs a model with a tokenizer.",
+        (("request", ("prompt", "messages", "session", "turns") + SAMPLING), ("model", MODEL),
+         ("--server", REMOTE), ("engine", ENGINE)),
+        ('ninfer chat --prompt "Hi!" --max_tokens 16',
+         "printf 'Hi!\\nAnd tomorrow?\\n' | ninfer chat --turns 2")),
+    "serve": Command(
+        "run the gRPC service (ninfer.v1) until SIGTERM/SIGINT",
+        "ninfer serve [--host=HOST] [--port=PORT] [flags]",
+        "Serves the model over gRPC; health stays NOT_SERVING until the engine has warmed up. "
+        "--model=fake:NAME serves a deterministic fake engine (no model, no compilation).",
+        (("service", ("host", "port", "token", "grace_s", "max_message_bytes")), ("model", MODEL),
+         ("engine", ENGINE)),
+        ("ninfer serve --port 50051",
+         "ninfer serve --model=fake:demo --port 0          # try the service without a model")),
+    "bench": Command(
+        "run a benchmark and print its figures (ninfer bench NAME [--json])",
+        "ninfer bench NAME [--json] [-- BENCH_FLAGS]",
+        "Runs one benchmark and prints its figures (aligned lines, or one JSON object with "
+        "--json). A benchmark's own flags go after `--`.",
+        (("bench", ("json", "quick", "program", "compilation_cache")),),
+        ("ninfer bench engine --json", "ninfer bench preempt --quick")),
+    "trace": Command(
+        "replay a chat or Marconi JSONL trace with the context cache on and off",
+        "ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi] [--json] [flags]",
+        "Replays a trace (docs/trace.md) with the context cache on, and off with --cold: reuse "
+        "against the offline bound, TTFT cached vs cold.",
+        (("trace", ("program", "trace_format", "trace_limit", "cold", "json") + SAMPLING), ("model", MODEL),
+         ("engine", ENGINE)),
+        ("python -m ninfer_jax.bench.trace_gen --kind agent --sessions 200 --out agent.jsonl",
+         "ninfer trace agent.jsonl --program=sim")),
+}
+HELP_SUMMARY = "this list, or a command's flags and examples (ninfer help COMMAND)"
+
+# Defaults of flags whose absl default is None and that are not engine settings.
+_NONE_DEFAULTS = {
+    "token_ids": "none: the prompt is --prompt",
+    "server": "none: an in-process engine",
+    "token": "$NINFER_TOKEN",
+    "timeout": "no deadline",
+    "messages": "one user message with --prompt",
+    "session": "none",
+    "turns": "one turn, or as many as stdin holds",
+    "trace_limit": "every request",
+    "compilation_cache": "$NINFER_COMPILATION_CACHE, else ~/.cache/ninfer/jax",
+    "program": "model",
+}
+_METAVARS = {"model": "FOLDER", "prompt": "TEXT", "token_ids": "IDS", "server": "HOST:PORT", "host": "HOST",
+             "token": "TOKEN", "messages": "JSON|@FILE", "session": "ID", "compilation_cache": "FOLDER|off",
+             "port": "PORT", "max_message_bytes": "BYTES", "host_capacity_bytes": "BYTES", "kv_capacity": "TOKENS",
+             "max_context": "TOKENS", "chunk_size": "TOKENS", "turns": "N", "trace_limit": "N"}
+
+
+def engine_default(name: str) -> str | None:
+    """What EngineConfig / ContextCacheConfig give an engine flag left unset, or None."""
+    from ledger import capacity as ledger
+    from ninfer_jax.config import DEFAULT_DEVICE_BUDGET, ContextCacheConfig, EngineConfig
+
+    if name == "kv_capacity":
+        return f"solved from a {_bytes(DEFAULT_DEVICE_BUDGET)} device budget"
+    if name == "host_capacity_bytes":
+        return (f"{_bytes(ledger.DEFAULT_HOST_BASE_BYTES)} + {ledger.HOST_STATE_IMAGES_IN_DEFAULT} StateImages, "
+                "ContextCacheConfig.host_capacity_bytes")
+    if name == "device_state_slots":
+        return "max_concurrency, ContextCacheConfig.device_state_slots"
+    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    if name in fields and fields[name].default is not dataclasses.MISSING:
+        return f"{fields[name].default}, EngineConfig.{name}"
+    fields = {f.name: f for f in dataclasses.fields(ContextCacheConfig)}
+    if name in fields and fields[name].default is not dataclasses.MISSING:
+        return f"{fields[name].default}, ContextCacheConfig.{name}"
+    return None
+
+
+def _bytes(n: int) -> str:
+    return f"{n >> 30} GiB" if n % (1 << 30) == 0 else f"{n} bytes"
+
+
+def _default(flag) -> str:
+    if flag.default is None:
+        return engine_default(flag.name) or _NONE_DEFAULTS.get(flag.name, "none")
+    if isinstance(flag.default, bool):
+        return "true" if flag.default else "false"
+    if isinstance(flag.default, str):
+        return repr(flag.default)
+    return str(flag.default)
+
+
+# A flag's help and default as one command shows them, where the shared text does not fit.
+_OVERRIDES = {
+    ("generate", "token"): ("bearer token to send to the server.", None),
+    ("chat", "token"): ("bearer token to send to the server.", None),
+    ("serve", "token"): ("bearer token clients must send in metadata.", None),
+    ("trace", "program"): ("the real model, or the cost-model Program (no model math: large replays in seconds).",
+                           None),
+    ("bench", "program"): ("bench preempt: run only this Program.", "both"),
+    ("bench", "quick"): ("bench preempt: the smallest run (the cost-model Program only, seconds).", None),
+    ("bench", "json"): ("print the figures as one JSON object.", None),
+    ("trace", "json"): ("print the figures as one JSON object.", None),
+    ("trace", "max_tokens"): ("tokens to generate for requests whose trace line gives no output length.", None),
+}
+_SCOPE = re.compile(r"^(Engine|serve|chat|trace|generate/chat( --server)?|bench preempt): ")
+
+
+def _flag_line(command: str, name: str) -> str:
+    flag = FLAGS[name]
+    kind = flag.flag_type()
+    about, default = _OVERRIDES.get((command, name), (None, None))
+    if about is None:
+        about = re.sub(r"^<[^>]*>: ", "", flag.help)  # absl prefixes an enum's help with its values
+        about = _SCOPE.sub("", about)
+    if kind == "bool":
+        head = f"--[no]{name}"
+    elif getattr(flag.parser, "enum_values", None):
+        head = f"--{name}={'|'.join(flag.parser.enum_values)}"
+    else:
+        seconds = name.endswith("_s") or name == "timeout"
+        head = f"--{name}=" + _METAVARS.get(name, {"int": "INT", "float": "SECONDS" if seconds else "FLOAT"}
+                                             .get(kind, "TEXT"))
+    body = textwrap.fill(about, width=96, initial_indent="      ", subsequent_indent="      ")
+    return f"  {head}  (default {default or _default(flag)})\n{body}"
+
+
+def _benches() -> list[str]:
+    """`NAME  first line of its docstring`, read from the source (no import, no JAX)."""
+    import ast
+    import importlib.util
+
+    from ninfer_jax.bench import BENCHES
+
+    out = []
+    for name, module in BENCHES.items():
+        about = ""
+        try:
+            spec = importlib.util.find_spec(module)
+            with open(spec.origin, encoding="utf-8") as f:
+                doc = ast.get_docstring(ast.parse(f.read())) or ""
+            about = " ".join(doc.split("\n\n")[0].split())
+            if about.startswith("`") and "`: " in about:
+                about = about.split("`: ", 1)[1]
+        except (ImportError, AttributeError, OSError, SyntaxError, TypeError):
+            pass
+        out.append(f"  {name:<9} {about}")
+    return out
+
+
+def command_help(name: str) -> str:
+    cmd = COMMANDS[name]
+    lines = [f"usage: {cmd.usage}", "", textwrap.fill(cmd.about, width=100), ""]
+    if name == "bench":
+        lines += ["benches:", *_benches(), ""]
+    for title, names in cmd.sections:
+        lines.append(f"{title} flags:")
+        lines += [_flag_line(name, n) for n in names]
+        lines.append("")
+    lines.append("examples:")
+    lines += [f"  {e}" for e in cmd.examples]
+    lines += ["", "ninfer --help lists the commands; ninfer --helpfull lists every flag, absl's included."]
+    return "\n".join(lines)
+
+
+def general_help() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["ninfer: inference for hybrid Gated DeltaNet + attention models (NInfer-JAX)", "",
+             "usage: ninfer COMMAND [flags]", "", "commands:"]
+    lines += [f"  {n:<{width}}  {c.summary}" for n, c in COMMANDS.items()]
+    lines += [f"  {'help':<{width}}  {HELP_SUMMARY}", "",
+              "ninfer help COMMAND, ninfer COMMAND --help or -h: a command's flags, defaults and examples.",
+              "ninfer --helpfull: every flag, absl's included.", "",
+              "example:", '  ninfer generate --prompt "Hello"']
+    return "\n".join(lines)
+
+
+def full_help() -> str:
+    from absl import app
+
+    app.define_help_flags()
+    return general_help() + "\n\nall flags:\n" + FLAGS.get_help()
+
+
+def help_request(args: list[str]) -> tuple[int, str] | None:
+    """If `args` (the command line after the program name) asks for help: (exit status, text);
+    else None. Arguments after `--` belong to a benchmark and are not looked at."""
+    if "--" in args:
+        args = args[:args.index("--")]
+    wants = any(a in HELP_ARGS for a in args)
+    full = any(a in HELPFULL_ARGS for a in args)
+    command = next((a for a in args if a in COMMANDS or a == "help"), None)
+    if full:
+        return 0, full_help()
+    if command == "help":
+        rest = [a for a in args[args.index("help") + 1:] if not a.startswith("-")]
+        if not rest:
+            return 0, general_help()
+        if rest[0] not in COMMANDS:
+            return 2, f"ninfer help: unknown command {rest[0]!r}; ninfer --help lists the commands"
+        return 0, command_help(rest[0])
+    if not wants:
+        return None
+    return 0, command_help(command) if command else general_help()

@@ -1,0 +1,116 @@
+"""Preflight: refuse, before any weight is loaded or any step compiled, what the engine would refuse.
+
+    pre = preflight(config, prompt="Hello", sampling={"temperature": 0.0, "max_tokens": 8})
+    with Engine(config) as engine:
+        engine.submit(prompt, pre.sampling)
+
+It reads only what is cheap — `config.json`, the safetensors headers, the tokenizer — and applies
+the engine's own rules, raising the same typed errors the engine raises later (doctrine 3):
+
+- `SamplingParams` validation (`RequestError`, `sampling.FIELD: ...`);
+- the model: a built-in name, or a folder with a valid `config.json` (`ConfigError`, the parser
+  of `ninfer_jax/model/config.py`), holding safetensors files whose headers read
+  (`CheckpointError`, the checkpoint reader's own check; the tensors themselves are matched
+  against the config only when the weights load);
+- the capacity the config resolves to on that model (`resolve_capacity`: `ConfigError`);
+- a prompt: text needs a tokenizer, ids must lie in the vocabulary, the prompt must leave room
+  under `max_context` (`prompt_ids` and `check_submission`, the rules `Engine.submit` applies);
+- chat messages: a tokenizer, the chat template's rendering (`FrontendError`s) and the same
+  prompt rule (`chat_frontend`, as `Engine.submit_chat`).
+
+The capacity is checked at the dtype the model will run in (`EngineConfig.resolved_dtype`: for
+"auto" the checkpoint's own, read from config.json or the safetensors headers).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
+from ninfer_jax.engine.core import check_submission
+from ninfer_jax.engine.engine import chat_frontend, load_tokenizer, prompt_ids
+from ninfer_jax.engine.types import SamplingParams
+from ninfer_jax.errors import ConfigError
+from ninfer_jax.model.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Preflight:
+    """What preflight read and checked; `prompt_ids` is set when a prompt or messages were given."""
+
+    config: EngineConfig
+    model: ModelConfig
+    capacity: Capacity
+    tokenizer: Any | None  # ninfer_jax.frontend.tokenizer.Tokenizer, or None (token ids only)
+    sampling: SamplingParams | None
+    prompt_ids: tuple[int, ...] | None
+
+
+def model_config(model: str) -> ModelConfig:
+    """The ModelConfig of `builtin:tiny-hybrid` or of a folder's config.json, without weights;
+    ConfigError for an unknown built-in name, a path that is no folder, or a bad config.json
+    (the checks `load_model` makes)."""
+    from ninfer_jax.model import builtin
+    from ninfer_jax.model.config import load_config
+    from ninfer_jax.model.model import _check_builtin, _check_folder
+
+    if model.startswith("builtin:"):
+        _check_builtin(model)
+        return builtin.config()
+    _check_folder(model)
+    return load_config(model)
+
+
+def check_checkpoint_files(model: str) -> None:
+    """The checkpoint reader's file check (index, shards present, headers readable, data not cut
+    short): CheckpointError. Reads headers only. Nothing to check for a built-in model."""
+    if model.startswith("builtin:"):
+        return
+    from ninfer_jax.model.weights import _Tensors
+
+    _Tensors(model)
+
+
+def itemsize(config: EngineConfig) -> int:
+    """Bytes per parameter/activation element in the dtype the model will run in."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ninfer_jax.model.model import DTYPES
+
+    return np.dtype(jnp.dtype(DTYPES[config.resolved_dtype])).itemsize
+
+
+def preflight(config: EngineConfig, prompt: str | Sequence[int] | None = None,
+              sampling: SamplingParams | Mapping[str, Any] | None = None,
+              messages: Sequence[Mapping[str, Any]] | None = None, *, model: ModelConfig | None = None) -> Preflight:
+    """Check `config` (and a raw `prompt` or chat `messages`, and `sampling`) as the engine would,
+    without loading weights; raise the engine's typed error (RequestError, ConfigError,
+    CheckpointError, a FrontendError for messages the chat template refuses) or return what
+    was read. `messages=[]` checks only that chat is possible (a tokenizer). `model`: the
+    ModelConfig the engine will run (the cost-model Program's); default: config.model's,
+    whose checkpoint files are checked too."""
+    if not isinstance(config, EngineConfig):
+        raise ConfigError("config", f"expected an EngineConfig, got {type(config).__name__}")
+    if isinstance(sampling, Mapping):
+        sampling = SamplingParams(**sampling)
+    elif sampling is not None and not isinstance(sampling, SamplingParams):
+        raise ConfigError("sampling", f"expected SamplingParams or a dict, got {type(sampling).__name__}")
+    if model is None:
+        model = model_config(config.model)
+        check_checkpoint_files(config.model)
+    capacity = resolve_capacity(config, model, itemsize(config))
+    tokenizer, ids = None, None
+    if prompt is not None and messages is not None:
+        raise ConfigError("preflight", "pass a raw prompt or chat messages, not both")
+    if isinstance(prompt, str) or messages is not None:
+        tokenizer = load_tokenizer(config.model)
+    if prompt is not None:
+        ids = check_submission(prompt_ids(prompt, tokenizer, config.model), model.vocab_size, config.max_context)
+    elif messages is not None:
+        frontend = chat_frontend(tokenizer, config)
+        if messages:
+            rendered = frontend.render_chat(list(messages))
+            ids = check_submission(rendered.token_ids, model.vocab_size, config.max_context)
+    return Preflight(config=config, model=model, capacity=capacity, tokenizer=tokenizer, sampling=sampling,
+                     prompt_ids=ids)
