@@ -1,4 +1,4 @@
-"""Typed errors raised at the boundaries (DESIGN.md, doctrine 3).
+"""Typed errors raised at the boundaries (doctrine 3, docs/rules.md).
 
 Every error a caller can provoke with bad input derives from `NInferError`, so a server can map
 the whole family to INVALID_ARGUMENT-like answers while programming errors stay distinct.

@@ -182,7 +182,7 @@ def chunk_gated_delta_rule(
     if backend == "xla":
         # The CPU path is the token-by-token recurrence, not the chunked form: its arithmetic per
         # token does not depend on where chunks start, so a resumed prefill (reuse, replay) is
-        # bit-identical to a cold one (DESIGN.md doctrine 1), and it avoids the chunked form's
+        # bit-identical to a cold one (doctrine 1, docs/rules.md), and it avoids the chunked form's
         # triangular solve, whose rounding grows with strong decays (up to ~6e-4 in logits on
         # the built-in model). `chunk_gated_delta_rule_reference` stays the Pallas kernel's oracle.
         return recurrent_gated_delta_rule_reference(q, k, v, g, beta, initial_state)

@@ -1,6 +1,6 @@
 """Paged KV cache: write a chunk of K/V into pages, prefill (chunked, causal) and decode attention.
 
-Layout (DESIGN.md, "The model"): the Main KV pool of one attention layer is
+Layout: the Main KV pool of one attention layer is
 `[num_pages, page_size, kv_heads, head_dim]`; a row reads its keys through its page table
 `[P]` of physical page ids (logical page j holds absolute positions j*page_size ...).
 GQA: query head h uses kv head h // (Hq // Hkv).

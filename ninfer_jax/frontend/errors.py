@@ -1,4 +1,4 @@
-"""Typed errors of the frontend (DESIGN.md doctrine 3: bad input gets a typed error at the boundary).
+"""Typed errors of the frontend (doctrine 3 of docs/rules.md: bad input gets a typed error at the boundary).
 
 Every error the frontend raises on purpose is a `FrontendError`, so a server can map the whole
 family to one "invalid request" status while tests check the exact subclass.

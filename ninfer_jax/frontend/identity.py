@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Sequence
 
-BLOCK_TOKENS = 64  # Main KV page size (DESIGN.md "The model")
+BLOCK_TOKENS = 64  # Main KV page size
 _ROOT = hashlib.sha256(b"ninfer-jax/prefix-identity/v1").digest()
 
 

@@ -546,6 +546,15 @@ def alarm(seconds: int, what: str):
         signal.signal(signal.SIGALRM, old)
 
 
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _repo_relative(filename: str) -> str:
+    """A frame's file as a path inside the repository when it is one (short failure reports)."""
+    rel = os.path.relpath(filename, _REPO)
+    return filename if rel.startswith("..") else rel
+
+
 def _frame_signature(exc: BaseException) -> str:
     """Where in the project an exception came from: its innermost engine/ledger frame."""
     tb = traceback.extract_tb(exc.__traceback__)
@@ -620,7 +629,7 @@ class Run:
         if exc is not None:
             frames = traceback.extract_tb(exc.__traceback__)[-6:]
             msg.append("  where (innermost frames):\n" + "".join(
-                f"    {fr.filename.split('/work/')[-1]}:{fr.lineno} in {fr.name}: {fr.line}\n"
+                f"    {_repo_relative(fr.filename)}:{fr.lineno} in {fr.name}: {fr.line}\n"
                 for fr in frames).rstrip())
         msg.append(f"  schedule (last {min(25, len(self.schedule))} of {len(self.schedule)} events):\n{events}")
         return SoakFailure("\n".join(msg), signature)

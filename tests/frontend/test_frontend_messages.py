@@ -1,4 +1,4 @@
-"""Bad input gets a typed error (DESIGN.md doctrine 3); tool calls are normalised (REC-3)."""
+"""Bad input gets a typed error (doctrine 3, docs/rules.md); tool calls are normalised (REC-3)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Bad input gets a typed error and leaves the ledger unchanged (DESIGN.md doctrine 3)."""
+"""Bad input gets a typed error and leaves the ledger unchanged (doctrine 3, docs/rules.md)."""
 from __future__ import annotations
 
 import pytest

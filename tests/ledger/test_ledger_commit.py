@@ -1,4 +1,4 @@
-"""Plans and commit: evaluation is pure; a stale plan is refused whole (DESIGN.md, RCL-2)."""
+"""Plans and commit: evaluation is pure; a stale plan is refused whole (RCL-2)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""DESIGN.md: `ledger/` is pure Python and imports nothing from JAX, numpy or the project."""
+"""The layout (README): `ledger/` is pure Python and imports nothing from JAX, numpy or the project."""
 from __future__ import annotations
 
 import ast

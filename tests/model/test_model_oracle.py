@@ -12,7 +12,7 @@ from ninfer_jax.model import single
 
 from oracle_paths import ORACLE_TYPES, oracle_dir
 
-TOL = 1e-4  # the float32 noise floor (DESIGN.md)
+TOL = 1e-4  # the float32 noise floor
 
 
 def _fixture(model_type):

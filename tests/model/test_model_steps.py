@@ -142,7 +142,7 @@ def test_no_compilation_after_warmup(builtin_model, builtin_steps):
 
 def test_chunk_boundaries_do_not_change_a_bit(builtin_model, builtin_steps):
     """Where prefill chunks start is invisible: a resumed prefill reproduces a cold one exactly
-    (the ground for reuse never changing tokens, DESIGN.md doctrine 1)."""
+    (the ground for reuse never changing tokens, doctrine 1, docs/rules.md)."""
     rng = np.random.default_rng(6)
     seq = rng.integers(0, 1024, 84 + 2).astype(np.int32)
     tables, slots = [[5, 2, 9, 0]], [3]

@@ -1,4 +1,4 @@
-"""Ledger-level parts of the cache scenarios SCN-2, 3, 4, 6, 7, 9 (spec/GENERATION.md)."""
+"""Ledger-level parts of the cache scenarios SCN-2, 3, 4, 6, 7, 9 (docs/rules.md)."""
 from __future__ import annotations
 
 import pathlib
