@@ -1,4 +1,4 @@
-"""The functional resource ledger (DESIGN.md: functional core, imperative shell).
+"""The functional resource ledger (a functional core; the Program is the imperative shell).
 
 Pure Python, immutable state, no JAX/numpy. Every change is a pure planner returning a
 `Plan` (diff, proof, preconditions) or a `Refusal` with the exact shortfall per pool;

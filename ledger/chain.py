@@ -3,7 +3,7 @@
 The policy's operations are sequences of primitive plans (drop holders, add holders,
 allocate, copy-on-write, a permit). `Chain` applies each to the state the previous one left
 and closes them into one plan whose ops and effects are the concatenation, whose base is the
-first state and whose result is the last: the Program commits it in one step (DESIGN.md),
+first state and whose result is the last: the Program commits it in one step,
 and a Refusal anywhere leaves nothing behind (RES-2).
 """
 from __future__ import annotations

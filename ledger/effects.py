@@ -1,6 +1,6 @@
 """Byte movements a committed plan asks the Program's stores to perform.
 
-The ledger decides where bytes go; only the Program touches buffers (DESIGN.md). Effects are
+The ledger decides where bytes go; only the Program touches buffers. Effects are
 data: a Device pool unit, a Host arena offset, a size. The stores run them after the ledger
 part of the commit succeeded, in order.
 """

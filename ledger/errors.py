@@ -1,4 +1,4 @@
-"""Typed errors of the ledger (DESIGN.md doctrine 3: bad input gets a clear, typed error).
+"""Typed errors of the ledger (doctrine 3 of docs/rules.md: bad input gets a clear, typed error).
 
 Ordinary shortage is not an error: planners return a `Refusal` with the exact shortfall per
 pool (RES-2). An exception here means the request itself is wrong (bad size, unknown id,
