@@ -6,7 +6,8 @@
 - An explicit `kv_capacity` (tokens) is rounded up to whole pages, then checked (RD-11).
 - Without one, the page count is solved from a device memory budget: the largest count in
   the CFG-6 range whose Main KV, backend KV, StateImage slots, workspace and compiled-step
-  space fit the budget (CFG-2, CFG-6).
+  space fit the budget together with the weights (CFG-2, CFG-6). Where the budget comes from
+  (the device's memory, a fraction of it, what is already in use) is `ninfer_jax/plan.py`'s.
 - StateImage slots: C basic plus `device_state_slots` (default C) (CFG-4).
 - Host arena: `host_capacity_bytes`, default 8 GiB + 8 × the Host StateImage size (CFG-5).
 Errors are CapacityConfigError naming the bound and the numbers.
@@ -97,6 +98,7 @@ class DeviceBudget(NamedTuple):
     workspace_bytes: int = 0
     compiled_step_bytes: int = 0
     backend_pools: tuple[tuple[int, int], ...] = ()  # (page_tokens, page_bytes) per backend KV pool
+    weights_bytes: int = 0  # the model's parameters resident on the device (CFG-6: "fit device memory")
 
 
 def backend_pages(main_pages: int, page_tokens: int) -> int:
@@ -104,11 +106,16 @@ def backend_pages(main_pages: int, page_tokens: int) -> int:
     return ceil_div(main_pages * PAGE_TOKENS, page_tokens)
 
 
+def fixed_bytes(b: DeviceBudget) -> int:
+    """Device bytes that do not grow with the Main KV: weights, StateImage slots, workspace and
+    compiled-step space (CFG-6)."""
+    return b.weights_bytes + b.state_slots * b.state_slot_bytes + b.workspace_bytes + b.compiled_step_bytes
+
+
 def device_bytes(b: DeviceBudget, main_pages: int) -> int:
     """Device bytes for `main_pages` Main KV pages and everything that comes with them."""
     backend = sum(backend_pages(main_pages, pt) * pb for pt, pb in b.backend_pools)
-    return (main_pages * b.main_page_bytes + backend + b.state_slots * b.state_slot_bytes
-            + b.workspace_bytes + b.compiled_step_bytes)
+    return main_pages * b.main_page_bytes + backend + fixed_bytes(b)
 
 
 def _check_budget(b: DeviceBudget) -> None:
@@ -120,6 +127,7 @@ def _check_budget(b: DeviceBudget) -> None:
     _int(b.state_slots, "state_slots")
     _int(b.workspace_bytes, "workspace_bytes")
     _int(b.compiled_step_bytes, "compiled_step_bytes")
+    _int(b.weights_bytes, "weights_bytes")
     for pt, pb in b.backend_pools:
         _int(pt, "backend page_tokens", 1)
         _int(pb, "backend page_bytes", 1)
@@ -127,7 +135,8 @@ def _check_budget(b: DeviceBudget) -> None:
 
 def _describe(b: DeviceBudget, pages: int) -> str:
     backend = sum(backend_pages(pages, pt) * pb for pt, pb in b.backend_pools)
-    return (f"{pages} Main KV pages × {b.main_page_bytes} B = {pages * b.main_page_bytes} B, backend KV {backend} B, "
+    weights = f"weights {b.weights_bytes} B, " if b.weights_bytes else ""
+    return (f"{weights}{pages} Main KV pages × {b.main_page_bytes} B = {pages * b.main_page_bytes} B, backend KV {backend} B, "
             f"{b.state_slots} StateImage slots × {b.state_slot_bytes} B = {b.state_slots * b.state_slot_bytes} B, "
             f"workspace {b.workspace_bytes} B, compiled steps {b.compiled_step_bytes} B: "
             f"total {device_bytes(b, pages)} B")

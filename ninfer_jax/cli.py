@@ -1,4 +1,4 @@
-"""The `ninfer` command: generate | chat | serve | bench | trace | help (absl flags).
+"""The `ninfer` command: generate | chat | serve | bench | trace | plan | help (absl flags).
 
 Flags are named like the Python API. Output goes to stdout, progress to stderr. `ninfer --help`
 lists the commands, `ninfer COMMAND --help` a command's flags (ninfer_jax/cli_help.py).
@@ -6,7 +6,8 @@ lists the commands, `ninfer COMMAND --help` a command's flags (ninfer_jax/cli_he
 Exit status: 0 done; 2 a usage error, refused before any model loads or compiles (bad flags,
 sampling values, token ids, a prompt the model cannot take, a missing checkpoint: one line
 `ninfer COMMAND: ErrorClass: message` on stderr, from engine/preflight.py, which applies the
-engine's own rules); 1 an error once the engine runs.
+engine's own rules); 1 an error once the engine runs. `ninfer plan` exits 1 when the capacity
+plan cannot fit (its ConfigError), 2 for bad flags or a bad model folder.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ _TOKEN_IDS = flags.DEFINE_string("token_ids", None, "Comma-separated prompt toke
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "Tokens to generate.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature in [0, 100]; 0 is greedy.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed in [0, 2**63).")
-_JSON = flags.DEFINE_bool("json", False, "bench, trace: print one JSON object.")
+_JSON = flags.DEFINE_bool("json", False, "bench, trace, plan: print one JSON object.")
 
 # serve, and generate/chat --server (the logic lives in server/cli_commands.py).
 _SERVER = flags.DEFINE_string("server", None, "generate/chat: HOST:PORT of a running `ninfer serve` to use "
@@ -53,6 +54,10 @@ _PAUSE_ROUTE = flags.DEFINE_enum("pause_route", None, ["auto", "snapshot", "repl
 _DEVICE_STATE_SLOTS = flags.DEFINE_integer("device_state_slots", None, "Context cache: device StateImage slots "
                                            "beyond the C basic ones.")
 _HOST_CAPACITY_BYTES = flags.DEFINE_integer("host_capacity_bytes", None, "Context cache: Host arena bytes.")
+_DEVICE_MEMORY_BYTES = flags.DEFINE_integer("device_memory_bytes", None, "Engine: the device's memory in bytes, "
+                                            "instead of asking the device (plan: a device with this many bytes).")
+_DEVICE_MEMORY_FRACTION = flags.DEFINE_float("device_memory_fraction", None, "Engine: the share of the device's "
+                                             "memory the capacity plan may fill, in (0, 1].")
 _COMPILATION_CACHE = flags.DEFINE_string("compilation_cache", None, "Folder for JAX's persistent compilation cache "
                                          "(default: $NINFER_COMPILATION_CACHE, else ~/.cache/ninfer/jax); 'off' "
                                          "disables it")
@@ -178,7 +183,8 @@ def _engine_settings() -> dict:
     return {"dtype": _DTYPE.value, "max_concurrency": _MAX_CONCURRENCY.value,
             "max_context": _MAX_CONTEXT.value, "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value,
             "pause_route": _PAUSE_ROUTE.value, "device_state_slots": _DEVICE_STATE_SLOTS.value,
-            "host_capacity_bytes": _HOST_CAPACITY_BYTES.value}
+            "host_capacity_bytes": _HOST_CAPACITY_BYTES.value, "device_memory_bytes": _DEVICE_MEMORY_BYTES.value,
+            "device_memory_fraction": _DEVICE_MEMORY_FRACTION.value}
 
 
 def engine_config_from_flags():
@@ -394,6 +400,29 @@ def cmd_trace(args: list[str]) -> int:
     return 0
 
 
+def cmd_plan(args: list[str]) -> int:
+    """Print the capacity plan of the engine flags on --model (ninfer_jax/plan.py): read from the
+    model's config.json only, no weights loaded, nothing compiled. Exit 1 when it cannot fit."""
+    try:
+        _no_arguments("plan", args)
+        from ninfer_jax.engine.preflight import itemsize, model_config
+
+        config = engine_config_from_flags()
+        model = model_config(config.model)  # config.json only: a folder needs no weights here
+        size = itemsize(config)
+    except _usage_errors() as e:
+        return _refuse("plan", e)
+    from ninfer_jax.errors import ConfigError
+    from ninfer_jax.plan import plan_capacity
+
+    try:
+        plan = plan_capacity(config, model, size)
+    except ConfigError as e:  # CFG-2, CFG-6: the config does not fit the device
+        return _failed("plan", e)
+    print(json.dumps(plan.as_dict(), sort_keys=True) if _JSON.value else plan.text())
+    return 0
+
+
 def cmd_help(args: list[str]) -> int:
     code, text = cli_help.help_request(["help", *args])
     print(text, file=sys.stdout if code == 0 else sys.stderr)
@@ -401,7 +430,7 @@ def cmd_help(args: list[str]) -> int:
 
 
 HANDLERS = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "trace": cmd_trace,
-            "help": cmd_help}
+            "plan": cmd_plan, "help": cmd_help}
 
 
 def main(argv: list[str]) -> int:

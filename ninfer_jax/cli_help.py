@@ -21,7 +21,10 @@ SAMPLING = ("max_tokens", "temperature", "seed")
 MODEL = ("model", "dtype")
 REMOTE = ("server", "token", "timeout", "wait_s")
 ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_route", "device_state_slots",
-          "host_capacity_bytes", "compilation_cache")
+          "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction", "compilation_cache")
+# What sizes the capacity plan (ninfer plan); the other engine flags are accepted and change nothing.
+CAPACITY = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "device_state_slots",
+            "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +83,20 @@ COMMANDS: dict[str, Command] = {
          ("engine", ENGINE)),
         ("python -m ninfer_jax.bench.trace_gen --kind agent --sessions 200 --out agent.jsonl",
          "ninfer trace agent.jsonl --program=sim")),
+    "plan": Command(
+        "print the capacity plan: weights, Main KV, StateImages, workspace on the device (no weights loaded)",
+        "ninfer plan [--model=FOLDER] [--dtype=...] [--max_concurrency=C] [--max_context=TOKENS] "
+        "[--device_memory_bytes=N] [--json]",
+        "Prints what the engine would put on the device for these flags: the device's memory (asked of "
+        "the device, or --device_memory_bytes: a device with N bytes) times --device_memory_fraction, "
+        "the weights, the Main KV it solves (pages, tokens, bytes), the StateImage slots, backend pools, "
+        "workspace, compiled-step space, the Host arena and what is left free. It reads the model's "
+        "config.json only; no weights are loaded and nothing compiles. Exit 1, with the ConfigError, "
+        "when the plan cannot fit; 2 for bad flags.",
+        (("plan", ("json",)), ("model", MODEL), ("capacity", CAPACITY)),
+        ("ninfer plan --model=/path/to/Qwen3-Next-80B-A3B-Instruct --max_concurrency=8 --max_context=32768 "
+         "--device_memory_bytes=206158430208",
+         "ninfer plan --json                                # the built-in model on this device")),
 }
 HELP_SUMMARY = "this list, or a command's flags and examples (ninfer help COMMAND)"
 
@@ -99,7 +116,8 @@ _NONE_DEFAULTS = {
 _METAVARS = {"model": "FOLDER", "prompt": "TEXT", "token_ids": "IDS", "server": "HOST:PORT", "host": "HOST",
              "token": "TOKEN", "messages": "JSON|@FILE", "session": "ID", "compilation_cache": "FOLDER|off",
              "port": "PORT", "max_message_bytes": "BYTES", "host_capacity_bytes": "BYTES", "kv_capacity": "TOKENS",
-             "max_context": "TOKENS", "chunk_size": "TOKENS", "turns": "N", "trace_limit": "N"}
+             "max_context": "TOKENS", "chunk_size": "TOKENS", "turns": "N", "trace_limit": "N",
+             "device_memory_bytes": "BYTES", "device_memory_fraction": "FRACTION"}
 
 
 def engine_default(name: str) -> str | None:
@@ -108,10 +126,13 @@ def engine_default(name: str) -> str | None:
     from ninfer_jax.config import DEFAULT_DEVICE_BUDGET, ContextCacheConfig, EngineConfig
 
     if name == "kv_capacity":
-        return f"solved from a {_bytes(DEFAULT_DEVICE_BUDGET)} device budget"
+        return (f"solved from the device's memory; a device with no memory statistics (CPU) gives the pools "
+                f"a {_bytes(DEFAULT_DEVICE_BUDGET)} device budget")
     if name == "host_capacity_bytes":
         return (f"{_bytes(ledger.DEFAULT_HOST_BASE_BYTES)} + {ledger.HOST_STATE_IMAGES_IN_DEFAULT} StateImages, "
                 "ContextCacheConfig.host_capacity_bytes")
+    if name == "device_memory_bytes":
+        return "the device's own (memory_stats() bytes_limit), EngineConfig.device_memory_bytes"
     if name == "device_state_slots":
         return "max_concurrency, ContextCacheConfig.device_state_slots"
     fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
@@ -148,6 +169,7 @@ _OVERRIDES = {
     ("bench", "quick"): ("bench preempt: the smallest run (the cost-model Program only, seconds).", None),
     ("bench", "json"): ("print the figures as one JSON object.", None),
     ("trace", "json"): ("print the figures as one JSON object.", None),
+    ("plan", "json"): ("print the plan as one JSON object.", None),
     ("trace", "max_tokens"): ("tokens to generate for requests whose trace line gives no output length.", None),
 }
 _SCOPE = re.compile(r"^(Engine|serve|chat|trace|generate/chat( --server)?|bench preempt): ")

@@ -1,22 +1,26 @@
 """`EngineConfig` and `ContextCacheConfig`: validation and the capacity they resolve to (CFG-*).
 
-Capacity arithmetic is the ledger's (`ledger.capacity`); this module only gathers the model's
-byte sizes and turns a config into concrete pool sizes, or a `ConfigError` naming the field
-and the bound (CFG-6).
+Capacity arithmetic is the ledger's (`ledger.capacity`); the budget it is solved against — the
+device's memory times `device_memory_fraction`, less the weights, workspace and compiled-step
+space — is the capacity plan's (`ninfer_jax/plan.py`). `resolve_capacity` turns a config into
+concrete pool sizes, or a `ConfigError` naming the field and the bound (CFG-2, CFG-6).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
-import ledger
 from ninfer_jax.errors import ConfigError
 from ninfer_jax.model.config import ModelConfig
 
 BACKENDS = ("xla", "pallas", "interpret")
 DTYPES = ("auto", "float32", "bfloat16")
 PAUSE_ROUTES = ("auto", "snapshot", "replay")  # PAUSE-2: how a preempted request keeps its work
-DEFAULT_DEVICE_BUDGET = 1 << 30  # bytes for KV + StateImages when kv_capacity is solved (CFG-2)
+# CFG-2: a device that reports no memory statistics (the CPU backend) gives the pools — Main KV,
+# StateImages, backend KV — this budget; weights, workspace and compiled steps are not charged.
+DEFAULT_DEVICE_BUDGET = 1 << 30
+DEFAULT_DEVICE_MEMORY_FRACTION = 0.9  # CFG-2: the share of the device's memory the engine plans with
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +53,16 @@ class EngineConfig:
     dtype: str = "auto"
     max_concurrency: int = 4  # C, lanes (CFG-3)
     max_context: int = 2048  # CFG-1: the logical context limit of one request
-    kv_capacity: int | None = None  # Main KV tokens (CFG-2); None: solved from device_memory_bytes
+    kv_capacity: int | None = None  # Main KV tokens (CFG-2); None: solved from the device's memory
     chunk_size: int = 64  # prefill tokens per cycle (SCH-1: one prefill chunk per cycle)
     context_cache: ContextCacheConfig = dataclasses.field(default_factory=ContextCacheConfig)
     backend: str = "xla"  # kernels: xla | pallas | interpret
-    device_memory_bytes: int | None = None  # budget for the CFG-2 solve (default 1 GiB)
+    # CFG-2: the device's memory in bytes, instead of asking the device (memory_stats' bytes_limit);
+    # None: ask it (a device with no statistics, the CPU, gets DEFAULT_DEVICE_BUDGET for its pools).
+    device_memory_bytes: int | None = None
+    # CFG-2: the share of that memory the plan may fill (weights, pools, workspace, compiled
+    # steps); the rest is headroom for what the plan does not model. Applies to both sources.
+    device_memory_fraction: float = DEFAULT_DEVICE_MEMORY_FRACTION
     max_queue: int = 4096  # waiting requests beyond this are refused (QueueFullError)
     progress: bool = True  # warm-up progress lines on stderr
     # PAUSE-2: Snapshot (copy the unique content to Host, read it back on resume) or Replay
@@ -73,6 +82,14 @@ class EngineConfig:
             raise ConfigError("chunk_size", f"must be an int in [1, 4096], got {self.chunk_size!r}")
         if self.kv_capacity is not None and (not isinstance(self.kv_capacity, int) or self.kv_capacity < 1):
             raise ConfigError("kv_capacity", f"must be a positive number of tokens, got {self.kv_capacity!r}")
+        if self.device_memory_bytes is not None and (
+                not isinstance(self.device_memory_bytes, int) or isinstance(self.device_memory_bytes, bool)
+                or self.device_memory_bytes < 1):
+            raise ConfigError("device_memory_bytes", f"must be a positive number of bytes, got "
+                                                     f"{self.device_memory_bytes!r}")
+        f = self.device_memory_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or not 0 < f <= 1:
+            raise ConfigError("device_memory_fraction", f"must be a number in (0, 1], got {f!r}")
         if self.backend not in BACKENDS:
             raise ConfigError("backend", f"must be one of {BACKENDS}, got {self.backend!r}")
         if not isinstance(self.max_queue, int) or self.max_queue < 1:
@@ -101,22 +118,14 @@ class Capacity:
     pages_per_request: int  # ceil(max_context / 64): a request's page-table width
 
 
-def resolve_capacity(config: EngineConfig, model: ModelConfig, itemsize: int) -> Capacity:
-    """Pool sizes for `config` on `model`, or a ConfigError naming the violated bound."""
-    c = config.max_concurrency
-    slots = ledger.state_slot_count(c, config.context_cache.device_state_slots)
-    page_bytes = model.kv_bytes_per_token(itemsize) * ledger.PAGE_TOKENS
-    state_bytes = model.state_image_bytes(itemsize)
-    budget = ledger.DeviceBudget(
-        budget_bytes=config.device_memory_bytes if config.device_memory_bytes is not None else DEFAULT_DEVICE_BUDGET,
-        main_page_bytes=max(page_bytes, 1), state_slot_bytes=state_bytes, state_slots=slots)
-    try:
-        pages = ledger.resolve_kv_pages(config.kv_capacity, config.max_context, c,
-                                        budget if config.kv_capacity is None or config.device_memory_bytes else None)
-    except ledger.CapacityConfigError as e:
-        raise ConfigError("kv_capacity", str(e)) from None
-    host = config.context_cache.host_capacity_bytes
-    if host is None:
-        host = ledger.default_host_capacity_bytes(state_bytes)
-    return Capacity(kv_pages=pages, state_slots=slots, host_capacity_bytes=host,
-                    pages_per_request=ledger.pages_for_tokens(config.max_context))
+def resolve_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, device=None,
+                     resident_bytes: int = 0) -> Capacity:
+    """Pool sizes for `config` on `model`, or a ConfigError naming the violated bound.
+
+    The CFG-2 budget comes from `config.device_memory_bytes`, else from `device` (a
+    `ninfer_jax.program.device_memory.DeviceMemory`; default: the first local JAX device is
+    asked); `resident_bytes` are this engine's weights already on that device, so that its
+    `bytes_in_use` is not charged twice (`ninfer_jax/plan.py` has the whole formula)."""
+    from ninfer_jax.plan import plan_capacity
+
+    return plan_capacity(config, model, itemsize, device=device, resident_bytes=resident_bytes).capacity

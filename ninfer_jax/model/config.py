@@ -99,6 +99,37 @@ class ModelConfig:
         )
         return len(self.linear_layers) * per_layer + self.hidden_size * itemsize
 
+    def param_count(self) -> int:
+        """Parameters the engine keeps on the device, from the geometry alone: the embedding, the
+        head (unless tied), the final norm and every layer's mixer, feed-forward and two norms.
+        `mtp.*` tensors stay on the Host (weights.py) and are not counted."""
+        h = self.hidden_size
+        n = self.vocab_size * h * (1 if self.tie_word_embeddings else 2) + h
+        for kind, mlp in zip(self.layer_types, self.mlp_types):
+            n += 2 * h  # input and post-attention norms
+            if kind == LINEAR:
+                hv = self.linear_num_value_heads
+                n += h * (self.conv_dim + self.linear_value_dim + 2 * hv)  # in_proj qkv, z, b, a
+                n += self.conv_dim * self.linear_conv_kernel_dim  # depthwise conv
+                n += 2 * hv + self.linear_value_head_dim  # dt_bias, A_log, output norm
+                n += self.linear_value_dim * h  # out_proj
+            else:
+                hq, hkv, d = self.num_attention_heads, self.num_key_value_heads, self.head_dim
+                n += h * (2 * hq * d + 2 * hkv * d) + hq * d * h + 2 * d  # q|gate, k, v, o, q/k norms
+            if mlp == "moe":
+                e, i, s = self.num_experts, self.moe_intermediate_size, self.shared_expert_intermediate_size
+                n += h * e + 3 * e * h * i  # router, experts' gate, up and down
+                if s:
+                    n += 3 * h * s + h  # shared expert and its gate
+            else:
+                n += 3 * h * self.intermediate_size
+        return n
+
+    def weights_bytes(self, itemsize: int) -> int:
+        """Device bytes of the parameters at `itemsize` bytes each (CFG-6: the weights share
+        device memory with everything else)."""
+        return self.param_count() * itemsize
+
 
 # ---- parsing ---------------------------------------------------------------------------
 

@@ -69,7 +69,9 @@ class Program:
         self.dtype: str = model.dtype_name  # the resolved dtype ("auto" never reaches here)
         cfg = self.model.config
         itemsize = jnp.dtype(self.model.dtype).itemsize
-        self.capacity: Capacity = resolve_capacity(config, cfg, itemsize)
+        # CFG-2: the weights are on the device already; its bytes_in_use must not count them twice.
+        resident = sum(leaf.nbytes for leaf in jax.tree.leaves(self.model.params))
+        self.capacity: Capacity = resolve_capacity(config, cfg, itemsize, resident_bytes=resident)
         kv, state = init_pools(cfg, self.capacity.kv_pages, self.capacity.state_slots, self.model.dtype)
         if steps is None:
             steps = CompiledSteps(self.model, backend=config.backend, progress=config.progress)

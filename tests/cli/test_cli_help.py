@@ -41,7 +41,9 @@ def test_generate_help_shows_its_own_flags_with_defaults(capsys):
     assert out.startswith("usage: ninfer generate")
     assert "  --max_tokens=INT  (default 32)" in out
     assert "  --max_concurrency=INT  (default 4, EngineConfig.max_concurrency)" in out
-    assert "  --kv_capacity=TOKENS  (default solved from a 1 GiB device budget)" in out
+    assert ("  --kv_capacity=TOKENS  (default solved from the device's memory; a device with no memory statistics "
+            "(CPU) gives the pools a 1 GiB device budget)") in out
+    assert "  --device_memory_fraction=FRACTION  (default 0.9, EngineConfig.device_memory_fraction)" in out
     assert "(default 8 GiB + 8 StateImages, ContextCacheConfig.host_capacity_bytes)" in out
     assert "  --dtype=auto|float32|bfloat16  (default 'auto')" in out
     flags = _flags_of(out)
