@@ -122,7 +122,9 @@ from ledger.capture import (
 )
 from ledger.evidence import observe_prefill, rebalance_tiers
 from ledger.identity import InputIdentity, from_frontier_identity, identity_of
-from ledger.reclaim import Applicant, ApplicantKind, Gap, Quote, gap_order, plan_reclaim, quote
+from ledger.reclaim import (Applicant, ApplicantKind, Gap, Quote, gap_order, plan_reclaim, quote, quote_facts,
+                            quote_reference)
+from ledger import evidence, victims
 from ledger.sources import SourceCandidate, SourceQuery, Takeover, query_sources, select_source
 from ledger.waiting import plan_release_wait, plan_revoke_wait, plan_wait, revocable_waiters
 

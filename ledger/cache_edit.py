@@ -10,7 +10,10 @@ from __future__ import annotations
 from typing import Hashable, NamedTuple
 
 from ledger import prefix_index as px
-from ledger.cache_state import CacheState, Checkpoint, ContinuationRecord, Tier, indexed, wait_holder
+from ledger import victims as vx
+from ledger.cache_state import (CacheState, Checkpoint, ContinuationRecord, SharedEntry, Tier, WaitRef, indexed,
+                                wait_holder)
+from ledger.errors import InvalidRequest
 from ledger.chain import Chain
 from ledger.objects import plan_add_holders, plan_drop_holders
 from ledger.plan import Plan
@@ -26,14 +29,32 @@ class CacheResult(NamedTuple):
     ok: bool = True
 
 
-class Edit:
-    __slots__ = ("chain", "cache", "base_cache", "outcome")
+_KEPT = ("records", "shared", "checkpoints", "index", "waiters", "fallback", "dependents", "victims")
 
-    def __init__(self, state: LedgerState, cache: CacheState):
+
+class Edit:
+    """Every change of records, shared entries, checkpoints and waiting references goes through
+    these methods, which keep the fallback facts (RCL-5) and the victim order (RCL-4, HEAT-4,
+    `ledger/victims.py`) current; `finish` brings the order to the final replicas."""
+
+    __slots__ = ("chain", "cache", "base_cache", "outcome", "bulk")
+
+    def __init__(self, state: LedgerState, cache: CacheState, *, bulk: bool = False):
         self.chain = Chain(state)
+        if cache.victims is None and not bulk:
+            cache = cache._replace(victims=vx.build(state, cache))
         self.cache = cache
         self.base_cache = cache
         self.outcome: list = []
+        self.bulk = bulk  # many changes at once: the victim order is rebuilt at finish
+
+    def _victims(self, holders=(), cids=(), owners=(), pools=None) -> None:
+        """Queue victim-order changes (applied at `finish`, or by a quote, on the cache then)."""
+        if self.bulk:
+            return
+        c = self.cache
+        self.cache = c._replace(victims=vx.change(c.victims, c, holders=holders, cids=cids, owners=owners,
+                                                  pools=pools))
 
     @property
     def state(self) -> LedgerState:
@@ -53,11 +74,33 @@ class Edit:
         return c.clock + 1
 
     def set(self, **fields) -> None:
+        """Other fields (active uses, sessions, clocks); the kept ones have their own methods."""
+        if not self.bulk:
+            kept = [f for f in fields if f in _KEPT]
+            if kept:
+                raise InvalidRequest(f"Edit.set({kept}): use put_point/drop_point/put_record/put_shared/put_waiter")
+        self.cache = self.cache._replace(**fields)
+
+    def _set(self, **fields) -> None:
         self.cache = self.cache._replace(**fields)
 
     # -- records -------------------------------------------------------------------------
     def put_record(self, r: ContinuationRecord) -> None:
-        self.set(records=self.cache.records.set(r.rid, r))
+        self._set(records=self.cache.records.set(r.rid, r))
+        self._victims(owners=(("rec", r.rid),))
+
+    def put_shared(self, e: SharedEntry) -> None:
+        self._set(shared=self.cache.shared.set(e.sid, e))
+        self._victims(owners=(("shared", e.sid),))
+
+    def put_waiter(self, w: WaitRef) -> None:
+        """WAIT-1: a waiting reference (its holders are added by the caller's plan)."""
+        old = self.cache.waiters.get(w.request)
+        self._set(waiters=self.cache.waiters.set(w.request, w))
+        h = wait_holder(w.request)
+        changes = [(oid, h, -1) for oid in (old.objects if old else ())]
+        changes += [(oid, h, +1) for oid in w.objects]
+        self._victims(holders=changes, pools={oid: self.state.objects[oid].pool for oid in w.objects})
 
     def new_record(self, session=None, publication=0, active=None, tier=Tier.NORMAL, demand_time=0,
                    proven=0) -> ContinuationRecord:
@@ -74,7 +117,8 @@ class Edit:
         sessions = self.cache.sessions
         if r.session is not None and sessions.get(r.session) == rid:
             sessions = sessions.delete(r.session)
-        self.set(records=recs, sessions=sessions)
+        self._set(records=recs, sessions=sessions)
+        self._victims(owners=(("rec", rid),))
 
     # -- checkpoints -----------------------------------------------------------------------
     def put_point(self, c: Checkpoint, *, hold: bool = True) -> None:
@@ -83,8 +127,26 @@ class Edit:
             self.add(plan_add_holders(self.state, c.object_ids(), c.holder))
         cache = self.cache
         index = px.add(cache.index, c.identity, c.cid) if indexed(c) else cache.index
-        self.set(checkpoints=cache.checkpoints.set(c.cid, c), index=index)
-        self._link(c)
+        self._set(checkpoints=cache.checkpoints.set(c.cid, c), index=index)
+        moved = self._link(c)
+        if not self.bulk:
+            objs = set(c.object_ids())
+            objects = self.state.objects
+            dirty = {c.cid} | moved | (set(aliases(self.cache, c)) if indexed(c) else set())
+            self._victims(holders=[(oid, c.holder, +1) for oid in objs], cids=dirty,
+                          pools={oid: objects[oid].pool for oid in objs})
+
+    def replace_point(self, c: Checkpoint) -> None:
+        """The same point (identity, owner) with other objects (e.g. another StateImage); the
+        caller's plan moves the ledger holders."""
+        old = self.cache.checkpoints[c.cid]
+        if old.identity != c.identity or old.owner != c.owner or old.kind != c.kind:
+            raise InvalidRequest("replace_point keeps identity, owner and kind")
+        self._set(checkpoints=self.cache.checkpoints.set(c.cid, c))
+        was, now = set(old.object_ids()), set(c.object_ids())
+        objects = self.state.objects
+        self._victims(holders=[(o, c.holder, -1) for o in was - now] + [(o, c.holder, +1) for o in now - was],
+                      cids=(c.cid,), pools={o: objects[o].pool for o in now - was})
 
     def drop_point(self, cid: int, *, release: bool = True) -> tuple:
         """Retire a checkpoint: leave its owner, the index, and (with `release`) its objects.
@@ -93,22 +155,26 @@ class Edit:
         c = cache.checkpoints[cid]
         freed = ()
         waiting = sorted((w.request for w in cache.waiters.values() if w.cid == cid), key=repr)
+        als = [a for a in aliases(cache, c) if a != cid] if indexed(c) else []
         if waiting and c.owner[0] != "wait":
             # WAIT-1: the owner retires it, a waiter still references it: it stays intact for
             # that waiter only, out of the index (no new public entry), owned by the waiter.
-            self._unlink(c)
+            moved = self._unlink(c)
             index = px.remove(cache.index, c.identity, cid) if indexed(c) else cache.index
             orphan = c._replace(owner=("wait", waiting[0]))
-            self.set(checkpoints=self.cache.checkpoints.set(cid, orphan), index=index)
-            self._link(orphan)
+            self._set(checkpoints=self.cache.checkpoints.set(cid, orphan), index=index)
+            moved |= self._link(orphan)
+            self._victims(cids={cid} | moved | set(als))
             self._leave_owner(c)
             return ()
         if release:
             p = self.add(plan_drop_holders(self.state, c.object_ids(), c.holder))
             freed = p.proof.freed
         index = px.remove(cache.index, c.identity, cid) if indexed(c) else cache.index
-        self.set(checkpoints=self.cache.checkpoints.delete(cid), index=index)
-        self._unlink(c)
+        self._set(checkpoints=self.cache.checkpoints.delete(cid), index=index)
+        moved = self._unlink(c)
+        if not self.bulk:
+            self._victims(holders=[(oid, c.holder, -1) for oid in set(c.object_ids())], cids=moved | set(als) | {cid})
         self._leave_owner(c)
         return freed
 
@@ -119,12 +185,14 @@ class Edit:
         if w is None:
             return
         self.add(plan_drop_holders(self.state, w.objects, wait_holder(request)))
-        self.set(waiters=self.cache.waiters.delete(request))
+        self._set(waiters=self.cache.waiters.delete(request))
+        self._victims(holders=[(oid, wait_holder(request), -1) for oid in w.objects])
         c = self.cache.checkpoints.get(w.cid)
         if c is not None and c.owner == ("wait", request):
             others = sorted((x.request for x in self.cache.waiters.values() if x.cid == w.cid), key=repr)
             if others:
-                self.set(checkpoints=self.cache.checkpoints.set(w.cid, c._replace(owner=("wait", others[0]))))
+                self._set(checkpoints=self.cache.checkpoints.set(w.cid, c._replace(owner=("wait", others[0]))))
+                self._victims(cids=(w.cid,))
             else:
                 self.drop_point(w.cid)
 
@@ -140,7 +208,8 @@ class Edit:
                 self.put_record(r)
                 self.prune_record(key)
         elif kind == "shared":
-            self.set(shared=self.cache.shared.delete(key))
+            self._set(shared=self.cache.shared.delete(key))
+            self._victims(owners=(("shared", key),))
 
     def mark(self) -> tuple:
         """A point to roll back to (SAVE-4: a failed shared part keeps the private part)."""
@@ -159,27 +228,30 @@ class Edit:
         return not self.chain.ops
 
     # -- fallback facts (RCL-5) -----------------------------------------------------------
-    def _link(self, c: Checkpoint) -> None:
+    def _link(self, c: Checkpoint) -> set:
         """c's fallback is its deepest indexed exact prefix strictly shallower than c. The points
         that fell back on that prefix (or an alias of it: same identity) and extend c strictly
         now fall back on c; no other point can be affected."""
         cache = self.cache
         fb = deepest_prefix_cid(cache, c.identity, c.cid, strict=True)
         fallback, deps = cache.fallback.set(c.cid, fb), cache.dependents
+        moved_all: set = set()
         if indexed(c):
             n = c.frontier
             for a in (aliases(cache, cache.checkpoints[fb]) if fb else (0,)):
                 moved = [d for d in deps.get(a, ()) if cache.checkpoints[d].frontier > n
                          and c.identity.is_prefix_of(cache.checkpoints[d].identity)]
                 if moved:
+                    moved_all.update(moved)
                     deps = _deps_set(deps, a, deps[a] - set(moved))
                     for d in moved:
                         fallback = fallback.set(d, c.cid)
                     deps = deps.set(c.cid, deps.get(c.cid, frozenset()) | set(moved))
         deps = _deps_set(deps, fb, deps.get(fb, frozenset()) | {c.cid})
-        self.set(fallback=fallback, dependents=deps)
+        self._set(fallback=fallback, dependents=deps)
+        return moved_all
 
-    def _unlink(self, c: Checkpoint) -> None:
+    def _unlink(self, c: Checkpoint) -> set:
         """Points that fell back on c fall back on a surviving alias of c, else on c's own."""
         cache = self.cache
         fb = cache.fallback.get(c.cid, 0)
@@ -192,13 +264,20 @@ class Edit:
             for d in mine:
                 fallback = fallback.set(d, to)
             deps = _deps_set(deps.delete(c.cid), to, deps.get(to, frozenset()) | mine)
-        self.set(fallback=fallback, dependents=deps)
+        self._set(fallback=fallback, dependents=deps)
+        return set(mine)
 
     def note(self, *what) -> None:
         self.outcome.append(what)
 
     def finish(self, kind: str, note: str = "", victims: tuple = ()) -> CacheResult:
-        return CacheResult(self.chain.finish(kind, note, victims), self.cache, tuple(self.outcome))
+        plan = self.chain.finish(kind, note, victims)
+        cache = self.cache
+        if self.bulk:
+            cache = cache._replace(victims=vx.build(plan.result, cache))
+        elif cache.victims is not None:
+            cache = cache._replace(victims=vx.sync(cache.victims, plan.result, cache))  # the final replicas
+        return CacheResult(plan, cache, tuple(self.outcome))
 
 
 def holders_outside(state: LedgerState, oid: int, mine: Hashable) -> frozenset:
@@ -211,10 +290,24 @@ def _deps_set(deps, key, value):
 
 
 def aliases(cache: CacheState, c: Checkpoint) -> list:
-    """Indexed checkpoints with exactly c's identity (c itself included when indexed)."""
-    got = cache.index.get(px.key_of(c.identity), ())
+    """Indexed checkpoints with exactly c's identity (c itself included when indexed). Points
+    of one index bucket share their full blocks' digest; most differ in their last token, so
+    that is compared first (then the whole identity, CKP-4)."""
+    ident = c.identity
+    got = cache.index.get(px.key_of(ident), ())
     cps = cache.checkpoints
-    return [a for a in got if a in cps and cps[a].identity == c.identity]
+    toks = ident.tokens
+    n = len(toks)
+    last = toks[-1] if n else None
+    out = []
+    for a in got:
+        d = cps.get(a)
+        if d is None:
+            continue
+        di = d.identity
+        if di is ident or (len(di.tokens) == n and (not n or di.tokens[-1] == last) and di == ident):
+            out.append(a)
+    return out
 
 
 def deepest_prefix_cid(cache: CacheState, ident, exclude: int = 0, strict: bool = False) -> int:

@@ -104,6 +104,15 @@ def check_cache(state: LedgerState, cache: CacheState) -> None:
     for s, rid in cache.sessions.items():
         if rid not in cache.records:
             errs.append(f"session {s!r} names dead record {rid}")
+    if cache.victims is not None:  # RCL-4/RD-8 order and HEAT-4 footprint, recounted from scratch
+        from ledger import evidence as ev
+        from ledger import victims as vx
+
+        kept = vx.sync(cache.victims, state, cache)
+        errs.extend(vx.compare(kept, vx.build(state, cache)))
+        got, want = vx.beyond_target(kept, state)[0], ev.beyond_target_reference(state, cache)
+        if got != want:
+            errs.append(f"reuse segment: beyond the soft target {sorted(got)} != recounted {sorted(want)}")
     if errs:
         raise IntegrityError("cache integrity: " + "; ".join(errs[:20]))
 

@@ -185,6 +185,9 @@ class CacheState(NamedTuple):
     # (0: root), and the reverse relation, so a quote reads a loss instead of searching.
     fallback: immutables.Map = immutables.Map()  # cid -> cid of its fallback (0: root)
     dependents: immutables.Map = immutables.Map()  # cid -> frozenset of cids falling back on it
+    # RCL-4/RD-8 victim order and HEAT-4 reuse footprint, kept by every edit (ledger/victims.py);
+    # None until the first Edit builds it (a quote then enumerates, as `quote_reference`).
+    victims: object = None
 
     def owner_of(self, cid: int):
         c = self.checkpoints[cid]

@@ -255,8 +255,7 @@ def _capture_shared(e: Edit, view: SequenceView, ident, kv, state_oid, demand, r
     if hold:
         e.add(plan_add_holders(e.state, hold, c.holder))
     tier = Tier.REUSE if demand else Tier.NORMAL
-    e.set(shared=e.cache.shared.set(cid, SharedEntry(cid, cid, tier, demand, len(ident.tokens) if demand else 0,
-                                                      req.explicit)))
+    e.put_shared(SharedEntry(cid, cid, tier, demand, len(ident.tokens) if demand else 0, req.explicit))
     e.note("shared", cid)
     return cid
 
@@ -297,7 +296,7 @@ def plan_publish_end(state: LedgerState, cache: CacheState, view: SequenceView, 
                 for c in same:
                     e.add(plan_add_holders(e.state, [view.state], c.holder))
                     e.add(plan_drop_holders(e.state, [c.state], c.holder))
-                    e.set(checkpoints=e.cache.checkpoints.set(c.cid, c._replace(state=view.state)))
+                    e.replace_point(c._replace(state=view.state))
         e.put_point(Checkpoint(cid, ("rec", use.rid), PointKind.END, view.identity, st, kv, cache.clock))
         rec = e.cache.records[use.rid]._replace(end=cid)
         e.note("E", cid)
@@ -366,7 +365,7 @@ def plan_clear(state: LedgerState, cache: CacheState) -> CacheResult:
     """Drop every record, shared entry, snapshot and waiting reference (no request active)."""
     if cache.active:
         raise InvalidRequest(f"cannot clear with bound requests {sorted(map(repr, cache.active))}")
-    e = Edit(state, cache)
+    e = Edit(state, cache, bulk=True)  # the victim order is rebuilt (empty) at finish
     for req in list(cache.waiters.keys()):
         e.end_wait(req)
     for cid in list(e.cache.checkpoints.keys()):

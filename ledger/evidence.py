@@ -110,7 +110,17 @@ def observe_adoption(cache: CacheState, request: Hashable, cid: int, now: int, *
         e = cache.shared[key]
         cache = cache._replace(shared=cache.shared.set(key, e._replace(tier=Tier.REUSE, demand_time=now,
                                                                       proven_frontier=c.frontier)))
+        cache = _rekey(cache, (c.owner,))
     return cache
+
+
+def _rekey(cache: CacheState, owners) -> CacheState:
+    """The victim order and reuse footprint follow the owners' new tier and demand (RCL-3/4, HEAT-4)."""
+    if cache.victims is None:
+        return cache
+    from ledger import victims as vx
+
+    return cache._replace(victims=vx.change(cache.victims, cache, owners=owners))
 
 
 def inherit_pair(record, source_frontier: int, now: int, *, consume: bool):
@@ -139,7 +149,19 @@ def beyond_target(state: LedgerState, cache: CacheState) -> frozenset:
     """HEAT-4, RD-5: the reuse-tier owners that fall outside the reuse segment: walking owners
     newest real demand first and billing each one's unique physical footprint per pool (an
     object shared with newer owners is billed once), the first owner that would push a pool past
-    3/4 of its capacity and every older one. The single newest owner may exceed the target."""
+    3/4 of its capacity and every older one. The single newest owner may exceed the target.
+
+    Read from the cache's incrementally billed segment (ledger/victims.py: per-chunk footprint
+    sums, no walk); `beyond_target_reference` recomputes it."""
+    if cache.victims is not None:
+        from ledger import victims as vx
+
+        return vx.beyond_target(vx.sync(cache.victims, state, cache), state)[0]
+    return beyond_target_reference(state, cache)
+
+
+def beyond_target_reference(state: LedgerState, cache: CacheState) -> frozenset:
+    """`beyond_target` from first principles: sort the owners, walk and bill their footprints."""
     owners = [(r.demand_time, ("rec", r.rid)) for r in cache.records.values() if r.tier == Tier.REUSE]
     owners += [(e.demand_time, ("shared", e.sid)) for e in cache.shared.values() if e.tier == Tier.REUSE]
     if not owners:
@@ -172,12 +194,15 @@ def beyond_target(state: LedgerState, cache: CacheState) -> frozenset:
 
 def demote_tiers(cache: CacheState, owners) -> CacheState:
     """RD-4: a tier demotion (reuse -> normal); nothing moves."""
+    done = []
     for kind, key in owners:
         if kind == "rec" and key in cache.records:
             cache = cache._replace(records=cache.records.set(key, cache.records[key]._replace(tier=Tier.NORMAL)))
+            done.append((kind, key))
         elif kind == "shared" and key in cache.shared:
             cache = cache._replace(shared=cache.shared.set(key, cache.shared[key]._replace(tier=Tier.NORMAL)))
-    return cache
+            done.append((kind, key))
+    return _rekey(cache, done) if done else cache
 
 
 def rebalance_tiers(state: LedgerState, cache: CacheState) -> CacheState:

@@ -1,4 +1,4 @@
-"""check_integrity: recount everything from first principles and compare (DESIGN.md doctrine 2).
+"""check_integrity: recount everything from first principles and compare (doctrine 2, docs/rules.md).
 
 From the objects alone it recomputes which Device units and Host bytes are in use, and
 checks them against each pool's free set, the arena's extents (which must tile the arena
@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ledger import extents as ex
 from ledger.errors import IntegrityError
-from ledger.state import DEVICE, HOST_MEDIUM, LedgerState, RecoveryPermit, TxnPhase
+from ledger.state import DEVICE, HOST_MEDIUM, LedgerState, RecoveryPermit, TxnPhase, exception
 
 
 class Recount(NamedTuple):
@@ -82,6 +82,17 @@ def check_integrity(state: LedgerState) -> Recount:
                 r = o.replica(lease.medium)
                 if r is None or not r.complete:
                     err(f"lease {lid} reads a missing or incomplete {lease.medium} replica of object {oid}")
+
+    # The replica exceptions (objects not held as exactly one complete Device replica).
+    want_x = {}
+    for oid, o in state.objects.items():
+        x = exception(o)
+        if x is not None:
+            want_x[oid] = x
+    if dict(state.xrep.items()) != want_x or len(state.xrep) != len(want_x):
+        bad = sorted(k for k in set(want_x) | {k for k, _ in state.xrep.items()}
+                     if want_x.get(k) != state.xrep.get(k))
+        err(f"replica exceptions disagree with the objects at {bad[:8]}")
 
     for lid, lease in state.leases.items():
         max_id = max(max_id, lid)

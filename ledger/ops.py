@@ -2,8 +2,8 @@
 
 A plan's diff is a tuple of small ops. Each op checks its own precondition against the
 state it is applied to and raises `StalePlan` when it does not hold, so the same diff can be
-applied to the state it was planned on or, at commit, to a newer state (DESIGN.md: "a plan
-whose preconditions no longer hold is refused"). Ops name concrete things (unit indices, Host
+applied to the state it was planned on or, at commit, to a newer state (a plan whose
+preconditions no longer hold is refused). Ops name concrete things (unit indices, Host
 offsets, object ids and versions), so a diff either reproduces exactly the planned change or
 fails; it never lands somewhere else.
 
@@ -18,6 +18,7 @@ from typing import Hashable, NamedTuple
 import immutables
 
 from ledger import arena as host
+from ledger import ptrie
 from ledger.errors import ArenaError, StalePlan
 from ledger.state import (
     DevicePool,
@@ -26,6 +27,7 @@ from ledger.state import (
     ReaderLease,
     Transaction,
     UnitPermit,
+    exception,
 )
 
 _MISSING = object()
@@ -64,7 +66,7 @@ class Builder:
     """A mutable overlay on an immutable LedgerState; records the ops applied to it."""
 
     __slots__ = ("base", "_pools", "arena", "_objects", "_permits", "_leases", "transaction",
-                 "recovery_permit", "next_id", "_fresh", "ops", "effects")
+                 "recovery_permit", "next_id", "_fresh", "ops", "effects", "xrep")
 
     def __init__(self, state: LedgerState):
         self.base = state
@@ -79,6 +81,7 @@ class Builder:
         self._fresh: set[int] = set()  # ids introduced by the ops applied so far
         self.ops: list = []
         self.effects: list = []
+        self.xrep = state.xrep  # replica exceptions, kept with every object change
 
     # -- recording ----------------------------------------------------------------------
     def do(self, op) -> None:
@@ -121,6 +124,7 @@ class Builder:
             self.recovery_permit,
             self.next_id,
             s.version + 1,
+            self.xrep,
         )
 
     # -- pools --------------------------------------------------------------------------
@@ -169,6 +173,13 @@ class Builder:
         if self._objects is None:
             self._objects = self.base.objects.mutate()
         return self._objects
+
+    def _replicas(self, object_id: int, before: PhysicalObject | None, after: PhysicalObject | None) -> None:
+        """Keep `xrep` (objects not held as exactly one complete Device replica)."""
+        x0 = None if before is None else exception(before)
+        x1 = None if after is None else exception(after)
+        if x0 != x1:
+            self.xrep = ptrie.set_(self.xrep, object_id, x1)
 
     def permit(self, permit_id: int) -> UnitPermit | None:
         m = self._permits if self._permits is not None else self.base.permits
@@ -301,6 +312,7 @@ class PutObject(NamedTuple):
     def apply(self, b: Builder) -> None:
         b.claim_id(self.obj.object_id)
         b._objs()[self.obj.object_id] = self.obj
+        b._replicas(self.obj.object_id, None, self.obj)
 
     def requires(self):
         return (Precondition("fresh_id", self.obj.object_id, None),)
@@ -318,6 +330,8 @@ class SwapObject(NamedTuple):
             raise StalePlan(f"object {self.after.object_id} changed (version {None if cur is None else cur.version},"
                             f" plan expects {self.before})")
         b._objs()[self.after.object_id] = self.after
+        if cur.device is not self.after.device or cur.host is not self.after.host:
+            b._replicas(self.after.object_id, cur, self.after)
 
     def requires(self):
         return (Precondition("object_version", self.after.object_id, self.before),)
@@ -347,6 +361,7 @@ class DeleteObject(NamedTuple):
         if cur is None or cur.version != self.version:
             raise StalePlan(f"object {self.object_id} changed before its release")
         del b._objs()[self.object_id]
+        b._replicas(self.object_id, cur, None)
 
     def requires(self):
         return (Precondition("object_version", self.object_id, self.version),)

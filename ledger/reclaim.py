@@ -10,6 +10,11 @@ retention tier (RCL-3). It keeps the actions this applicant may take (RCL-8/10/1
 ranks them (RCL-4, RD-8; HOST-2 for the arena) and selects a set that closes the gap, or admits
 nothing. `plan_reclaim` turns a quote made on the very same states into a plan (stale: re-quote);
 the plan's ops re-check every object's version at commit (RCL-2, RCL-5).
+
+`quote` takes its picks from the cache's persistent victim order (ledger/victims.py, through
+ledger/victim_select.py): the same selection in O(k log n) for k picks. `quote_reference` is the
+full enumeration below (`_enumerate`, `_quote`), kept as the reference the tests compare with;
+`quote_facts` shares one decision's facts between its quotes (RCL-2).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from ledger.objects import plan_drop_replica
 from ledger.plan import Refusal
 from ledger.state import DEVICE, HOST, HOST_MEDIUM, KV_PAGES, LedgerState, TxnKind
 from ledger.transactions import TransferRequest, plan_begin_transfer
+from ledger.victims import walk_key  # noqa: F401  (the demotion walk's order; tests import it here)
 
 
 MAX_VICTIM_DEMOTIONS = 8  # demotions needing Host victims quoted per Device quote (RCL-5, bounded)
@@ -75,33 +81,78 @@ class Action(NamedTuple):
 class Quote(NamedTuple):
     gap: Gap
     applicant: Applicant
-    actions: tuple  # admissible actions, ranked
+    ranking: object  # `.actions` / `.excluded`; a quote through the victim order computes them on demand
     chosen: tuple  # the selected subset, in order
     freed: int
     loss: int
     admitted: bool
-    excluded: int  # actions this applicant may not take
     base: LedgerState
     cache: CacheState
     cold: frozenset = frozenset()  # HEAT-4: owners this quote treated as normal (recorded on commit)
+
+    @property
+    def actions(self) -> tuple:
+        """Every admissible action, ranked (RCL-4). A quote taken through the victim order
+        stops after its picks; reading this enumerates them all (`quote_reference`)."""
+        return self.ranking.actions
+
+    @property
+    def excluded(self) -> int:
+        """Actions this applicant may not take."""
+        return self.ranking.excluded
+
+
+class Ranking(NamedTuple):
+    actions: tuple
+    excluded: int
+
+
+class LazyRanking:
+    """The full ranked action list of a quote, enumerated only when someone reads it."""
+
+    __slots__ = ("args", "_got")
+
+    def __init__(self, *args):
+        self.args = args
+        self._got = None
+
+    def _get(self) -> Ranking:
+        if self._got is None:
+            state, cache, gap, applicant, protect, keep = self.args
+            facts = _Facts(state, cache)
+            q = _quote(state, cache, gap, applicant, protect, facts, keep)
+            self._got = q.ranking
+        return self._got
+
+    @property
+    def actions(self) -> tuple:
+        return self._get().actions
+
+    @property
+    def excluded(self) -> int:
+        return self._get().excluded
 
 
 # -- facts ------------------------------------------------------------------------------
 class _Facts:
     """Facts shared by every candidate of one quote (RCL-2): fallbacks, protections."""
 
-    def __init__(self, state: LedgerState, cache: CacheState):
+    def __init__(self, state: LedgerState, cache: CacheState, cold_source=None):
         self.state, self.cache = state, cache
         self._cold = None
+        self._cold_source = cold_source  # the victim order's segment (a quote through it), else recounted
 
     @property
     def cold(self) -> frozenset:
         """HEAT-4: reuse-tier owners beyond the soft target: normal for this quote (computed once,
-        only when a reuse-tier owner is met)."""
+        only when a reuse-tier owner is met; `Quote.cold` records whether it was)."""
         if self._cold is None:
-            from ledger.evidence import beyond_target
+            if self._cold_source is not None:
+                self._cold = self._cold_source
+            else:
+                from ledger.evidence import beyond_target_reference
 
-            self._cold = beyond_target(self.state, self.cache)
+                self._cold = beyond_target_reference(self.state, self.cache)
         return self._cold
 
     def fallback(self, c: Checkpoint, gone: frozenset) -> int:
@@ -118,6 +169,18 @@ class _Facts:
                 return cps[f].frontier
             f = fb.get(f, 0)
         return 0
+
+    def tier(self, cids) -> tuple[int, int]:
+        """RCL-3: a deletion touching hot content is REUSE tier; its demand time is the latest."""
+        tier, demand = Tier.NORMAL, 0
+        cps = self.cache.checkpoints
+        for c in cids:
+            h, t = self.hot(cps[c], cids)
+            if h:
+                tier = Tier.REUSE
+            if t > demand:
+                demand = t
+        return tier, demand
 
     def loss(self, cids: frozenset) -> int:
         """RCL-5: lost coverage of a deleted group, nested points of one history counted once."""
@@ -242,15 +305,16 @@ def _holders_ok(o, cache: CacheState, applicant: Applicant):
 
 
 def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant, protect: frozenset,
-               facts: _Facts, keep_content: frozenset = frozenset()) -> tuple[list, int]:
-    """RCL-1: the finite action set for this gap, from the objects' real holders."""
+               facts: _Facts, keep_content: frozenset = frozenset(), candidates=None) -> tuple[list, int]:
+    """RCL-1: the finite action set for this gap, from the objects' real holders (`candidates`:
+    the objects to look at, by default every checkpoint's in the gap's pool or on Host)."""
     actions, excluded = [], 0
     on_host = gap.pool == HOST
     groups: dict = {}  # (frozenset(cids), revoked waiters) -> [objects]
     multi = False
     objects = state.objects
     cps = cache.checkpoints
-    for oid in _candidate_objects(state, cache, gap):
+    for oid in (_candidate_objects(state, cache, gap) if candidates is None else candidates):
         o = objects.get(oid)
         if o is None:
             continue
@@ -335,13 +399,7 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
         amount = sum(o.host.nbytes for o in freed.values()) if on_host else len(freed)
         if amount <= 0:
             continue  # RCL-1: frees none of the scarce resource
-        tier, demand = Tier.NORMAL, 0
-        for c in cids:
-            h, t = facts.hot(cps[c], cids)
-            if h:
-                tier = Tier.REUSE
-            if t > demand:
-                demand = t
+        tier, demand = facts.tier(cids)
         if len(freed) == 1:
             (o,) = freed.values()
             holders, ids = o.holders, (o.object_id,)
@@ -349,12 +407,8 @@ def _enumerate(state: LedgerState, cache: CacheState, gap: Gap, applicant: Appli
         else:
             holders = frozenset(h for o in freed.values() for h in o.holders)
             ids = tuple(sorted(freed))
-            offsets = tuple(o.host.location for o in freed.values()) if on_host else ()
-        revokes = ()
-        if waiters or snapshots:
-            revokes = tuple(cache.waiters[r].ticket for r in waiters if r in cache.waiters)
-            revokes += tuple(cache.active[cps[c].owner[1]].publication_order for c in cids
-                             if cps[c].kind == PointKind.SNAPSHOT and cps[c].owner[1] in cache.active)
+            offsets = tuple(sorted(o.host.location for o in freed.values())) if on_host else ()
+        revokes = deletion_revokes(cache, cids, waiters) if waiters or snapshots else ()
         actions.append(Action("delete", tuple(sorted(cids)), ids, amount, offsets, facts.loss(cids), tier, demand,
                               holders, waiters, DEVICE, (), revokes))
     if not on_host and applicant.demote and state.transaction is None:
@@ -407,7 +461,7 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
     from ledger import extents as ex
     free_units = sum(length // unit for _, length in ex.iter_extents(state.arena.free))  # HOST-1 pre-check, once
     mover = applicant._replace(fresh=False)  # WAIT-2: moving a pause snapshot to Host revokes nothing
-    for c in cache.checkpoints.values():
+    for c in sorted(cache.checkpoints.values(), key=lambda c: walk_key(c.cid)):
         oids = [c.state] if spec.kind != KV_PAGES else [o for p, pages in c.kv if p == gap.pool for o in reversed(pages)]
         group = []
         for oid in oids:
@@ -562,6 +616,22 @@ def _admissible(a: Action, ap: Applicant) -> bool:
     return a.tier <= ap.tier  # the owner's tier bounds what a cold capture may replace
 
 
+def freed_holders(freed: dict) -> tuple[frozenset, tuple]:
+    """The real holder set (RCL-1) and the sorted object ids of what one deletion frees."""
+    if len(freed) == 1:
+        (o,) = freed.values()
+        return o.holders, (o.object_id,)
+    return frozenset(h for o in freed.values() for h in o.holders), tuple(sorted(freed))
+
+
+def deletion_revokes(cache: CacheState, cids, waiters) -> tuple:
+    """WAIT-2, SCH-4: tickets of the waiters and pause snapshots a deletion revokes."""
+    cps = cache.checkpoints
+    return (tuple(cache.waiters[r].ticket for r in waiters if r in cache.waiters)
+            + tuple(cache.active[cps[c].owner[1]].publication_order for c in cids
+                    if cps[c].kind == PointKind.SNAPSHOT and cps[c].owner[1] in cache.active))
+
+
 def _rank_key(a: Action, gap_amount: int):
     """RCL-4, RD-8: normal before reuse; normal by loss / useful freed amount (capped at the
     gap), ties older demand first; reuse by demand time, oldest first."""
@@ -587,6 +657,19 @@ def _quote(state, cache, gap, applicant, protect, facts, keep_content=frozenset(
     if gap.pool == HOST:
         return _select_host(state, cache, gap, applicant, ok, excluded)
     ok.sort(key=lambda a: _rank_key(a, gap.amount))
+    chosen = select_device(state, cache, gap, applicant, ok)
+    ranking = Ranking(tuple(ok), excluded)
+    if chosen is None:
+        return Quote(gap, applicant, ranking, (), 0, 0, False, state, cache)
+    freed = len({o for a in chosen for o in a.objects})
+    return Quote(gap, applicant, ranking, tuple(chosen), freed, sum(a.loss for a in chosen), True, state, cache)
+
+
+def select_device(state, cache, gap, applicant, ranked, on_take=None) -> list | None:
+    """RCL-4..7, RCL-11, HOST-1: take ranked admissible actions until the Device gap closes;
+    None when it does not. `ranked` may be lazy: nothing after the closing pick is read.
+    `on_take(loss)` hears the cumulative loss after each pick (a lazy ranking may skip what the
+    remaining RCL-11 budget excludes anyway)."""
     chosen, freed_ids, loss = [], set(), 0
     budgeted = applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and not applicant.demand_time
     touched: set = set()  # objects a chosen replica drop, demotion or Host victim already moves
@@ -595,7 +678,7 @@ def _quote(state, cache, gap, applicant, protect, facts, keep_content=frozenset(
     batch_closed = False
     unit = state.pool(gap.pool).spec.unit_bytes
     batch = _Batch(state, cache)
-    for a in ok:
+    for a in ranked:
         if len(freed_ids) >= gap.amount:
             break
         new = set(a.objects) - freed_ids
@@ -626,12 +709,13 @@ def _quote(state, cache, gap, applicant, protect, facts, keep_content=frozenset(
         batch.take(a, subsumed, chosen)
         freed_ids |= new
         loss += a.loss
+        if on_take is not None:
+            on_take(loss)
+        if len(freed_ids) >= gap.amount:
+            break  # closed: a lazy ranking is not asked for its next action
     if len(freed_ids) < gap.amount:
-        return Quote(gap, applicant, tuple(ok), (), 0, 0, False, excluded, state, cache)
-    chosen = _drop_unneeded_device(chosen, gap.amount)
-    freed = len({o for a in chosen for o in a.objects})
-    return Quote(gap, applicant, tuple(ok), tuple(chosen), freed, sum(a.loss for a in chosen), True, excluded, state,
-                 cache)
+        return None
+    return _drop_unneeded_device(chosen, gap.amount)
 
 
 def _drop_unneeded_device(chosen: list, amount: int) -> list:
@@ -650,7 +734,7 @@ def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
     allocs = list(gap.allocations) or [host.HostAllocation(gap.amount)]
     need = sum(a.size for a in allocs)
     if host.fits(arena, allocs):
-        return Quote(gap, applicant, tuple(ok), (), 0, 0, True, excluded, state, cache)
+        return Quote(gap, applicant, Ranking(tuple(ok), excluded), (), 0, 0, True, state, cache)
     byte_gap = max(0, need - arena.free_bytes)
     cap = byte_gap or max(a.size for a in allocs)
     budgeted = applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and not applicant.demand_time
@@ -679,15 +763,24 @@ def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
         loss += a.loss
         if host.fits(arena, allocs, list(offsets)):
             break
-    else:
-        return Quote(gap, applicant, tuple(ranked), (), 0, 0, False, excluded, state, cache)  # HOST-2: delete nothing
+    else:  # HOST-2: delete nothing
+        return Quote(gap, applicant, Ranking(tuple(ranked), excluded), (), 0, 0, False, state, cache)
     for a in reversed(list(chosen)):  # HOST-2: drop actions no longer needed
         rest = [b for b in chosen if b is not a]
         if host.fits(arena, allocs, list({o: None for b in rest for o in b.offsets})):
             chosen = rest
     freed = sum(arena.used[o] for o in {o: None for b in chosen for o in b.offsets})
-    return Quote(gap, applicant, tuple(ranked), tuple(chosen), freed, sum(a.loss for a in chosen), True, excluded,
-                 state, cache)
+    return Quote(gap, applicant, Ranking(tuple(ranked), excluded), tuple(chosen), freed, sum(a.loss for a in chosen),
+                 True, state, cache)
+
+
+def _check_args(state, gap, applicant) -> None:
+    if not isinstance(gap, Gap) or not isinstance(applicant, Applicant):
+        raise InvalidRequest("quote needs a Gap and an Applicant")
+    if gap.pool != HOST:
+        state.pool(gap.pool)
+    if type(gap.amount) is not int or gap.amount <= 0:
+        raise InvalidRequest(f"gap amount must be a positive int, got {gap.amount!r}")
 
 
 def quote(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant, protect=(),
@@ -696,13 +789,33 @@ def quote(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant,
 
     `protect`: objects the applicant uses (its own source, RCL-8): never touched. `keep_content`:
     objects whose content must stay but whose duplicate Device (or Host) replica may go — the
-    StateImage a Fork will read from Host (BIND-5)."""
-    if not isinstance(gap, Gap) or not isinstance(applicant, Applicant):
-        raise InvalidRequest("quote needs a Gap and an Applicant")
-    if gap.pool != HOST:
-        state.pool(gap.pool)
-    if type(gap.amount) is not int or gap.amount <= 0:
-        raise InvalidRequest(f"gap amount must be a positive int, got {gap.amount!r}")
+    StateImage a Fork will read from Host (BIND-5).
+
+    Taken through the cache's victim order (ledger/victims.py, ledger/victim_select.py): the
+    same selection as `quote_reference`, in O(k log n) for k picks; `Quote.actions` (every
+    admissible action, ranked) is enumerated only when read."""
+    _check_args(state, gap, applicant)
+    if cache.victims is None:
+        return quote_reference(state, cache, gap, applicant, protect, keep_content)
+    from ledger.victim_select import quote_fast
+
+    return quote_fast(state, cache, gap, applicant, frozenset(protect), frozenset(keep_content))
+
+
+def quote_facts(state: LedgerState, cache: CacheState):
+    """Facts shared by several quotes on the same states (RCL-2): `f = quote_facts(state, cache)`,
+    then `f.quote(gap, applicant, protect, keep_content)` per scarce pool and for the revoking
+    re-quote; `f.valid_for(state, cache)` says whether they still apply. Each quote equals
+    `quote(state, cache, ...)`."""
+    from ledger.victim_select import QuoteFacts
+
+    return QuoteFacts(state, cache)
+
+
+def quote_reference(state: LedgerState, cache: CacheState, gap: Gap, applicant: Applicant, protect=(),
+                    keep_content=()) -> Quote:
+    """`quote` by full enumeration: every candidate object, every action, one sort (RCL-1..12)."""
+    _check_args(state, gap, applicant)
     facts = _Facts(state, cache)
     q = _quote(state, cache, gap, applicant, frozenset(protect), facts, frozenset(keep_content))
     if not q.admitted and applicant.demote and gap.pool != HOST:
@@ -813,3 +926,6 @@ def plan_reclaim(state: LedgerState, cache: CacheState, q: Quote) -> CacheResult
     apply_quote(e, q)
     victims = tuple((a.kind, a.cids, a.objects) for a in q.chosen)
     return e.finish("reclaim", note=f"gap {q.gap.pool} {q.gap.amount}, loss {q.loss}", victims=victims)
+
+
+from ledger import victim_select as _victim_select  # noqa: E402,F401  (quote's fast path, loaded with the module)

@@ -19,7 +19,7 @@ from ledger.cache_state import CostModel, PointKind, empty_cache, seq_holder
 from ledger.capture import CaptureRequest, SequenceView, plan_capture, plan_clear, plan_publish_end
 from ledger.evidence import observe_prefill
 from ledger.identity import InputIdentity, identity_of
-from ledger.objects import plan_allocate
+from ledger.objects import plan_allocate, plan_drop_holders
 from ledger.plan import Plan, Refusal
 from ledger.reclaim import Applicant, ApplicantKind, Gap, gap_order, plan_reclaim, quote
 from ledger.sources import SourceQuery, query_sources
@@ -147,6 +147,7 @@ class CacheSim:
         """Compute [view.frontier, upto): allocate the pages that needs (necessary execution)."""
         kv = dict(view.kv)
         me = seq_holder(view.request)
+        fresh: list = []  # pages this call took: given back if a later pool cannot grow (the view stays as it was)
         for pool in [p.pool_id for p in self.state.config.pools if p.kind == KV_PAGES]:  # every typed KV pool
             pages = list(kv.get(pool, ()))
             pt = self.state.pool(pool).spec.page_tokens
@@ -155,9 +156,13 @@ class CacheSim:
                 protect = tuple(o for ps in kv.values() for o in ps) + (view.state,)
                 got = self._retry(lambda: plan_allocate(self.state, pool, need, me), protect)
                 if isinstance(got, Refusal):
+                    live = [o for o in fresh if o in self.state.objects]
+                    if live:
+                        self.apply(plan_drop_holders(self.state, live, me))
                     raise CapacityError(f"{view.request!r}: {got.detail} (RES-6)")
                 self.apply(got)
                 pages.extend(a[0] for a in got.proof.allocated)
+                fresh.extend(a[0] for a in got.proof.allocated)
             kv[pool] = tuple(pages)
         return view._replace(identity=ident.prefix(upto), kv=tuple(sorted(kv.items())))
 

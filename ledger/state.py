@@ -15,6 +15,7 @@ from typing import Hashable, NamedTuple
 
 import immutables
 
+from ledger import ptrie
 from ledger.arena import HostArena, empty_arena
 from ledger.errors import InvalidRequest
 
@@ -246,12 +247,29 @@ class LedgerState(NamedTuple):
     recovery_permit: int | None  # id of the one RecoveryPermit, if any (SCH-7)
     next_id: int  # ids and generations are drawn from one increasing counter
     version: int  # increases with every committed plan
+    # Objects whose replicas are not exactly one complete Device replica (oid -> `exception(o)`):
+    # kept by every op, so a reader holding an older version learns which objects moved between
+    # Device and Host by `ptrie.diff` (the cache policy's victim order, RCL-4, HEAT-4).
+    xrep: ptrie.Trie = ptrie.EMPTY
 
     def pool(self, pool_id: str) -> DevicePool:
         p = self.pools.get(pool_id)
         if p is None:
             raise InvalidRequest(f"unknown pool {pool_id!r}; pools are {sorted(self.pools)}")
         return p
+
+
+def _rstate(r: Replica | None) -> int:
+    return 0 if r is None else (2 if r.complete else 1)
+
+
+def exception(o: PhysicalObject) -> tuple | None:
+    """An object's replica state when it is not the common one (a complete Device replica and no
+    Host replica): (device 0/1/2, host 0/1/2, Host bytes), 0 absent, 1 pending, 2 complete."""
+    d, h = o.device, o.host
+    if h is None and d is not None and d.complete:
+        return None
+    return (_rstate(d), _rstate(h), 0 if h is None else h.nbytes)
 
 
 def initial_state(config: LedgerConfig) -> LedgerState:

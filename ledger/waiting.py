@@ -39,7 +39,7 @@ def plan_wait(state: LedgerState, cache: CacheState, request: Hashable, candidat
     objs = tuple(sorted(o for o in objs if state.objects[o].holders))
     e = Edit(state, cache)
     e.add(plan_add_holders(e.state, objs, wait_holder(request)))
-    e.set(waiters=cache.waiters.set(request, WaitRef(request, c.cid, objs, ticket, paused)))
+    e.put_waiter(WaitRef(request, c.cid, objs, ticket, paused))
     return e.finish("wait", note=f"{request!r} waits on {c.cid}")
 
 

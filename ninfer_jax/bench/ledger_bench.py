@@ -13,7 +13,16 @@ Figures:
   records (each an E over 192 tokens, 100 shared system prompts with a shared entry each).
 - reclaim_quote_us_p50 / _p99: `ledger.quote` for a one-slot StateImage gap over those records:
   `--records` candidate deletion actions, each with its loss against the surviving fallback
-  (RCL-1..5), ranked and selected (RCL-4).
+  (RCL-1..5), ranked and selected (RCL-4) through the cache's victim order (ledger/victims.py);
+  reclaim_quote_reference_us_p50: the same quote by full enumeration (`quote_reference`).
+- scaling: one entry per `--scaling` size (default 1k, 10k, 100k cached checkpoints), each
+  with `records`, `checkpoints`, `reclaim_quote_us_p50/_p99` (the engine's quote mix: State and
+  Main KV gaps for necessary execution with Host demotions considered and the source protected,
+  a capture's budgeted State gap; reuse-tier owners present, some content on Host, active
+  writers sharing pages; GC left as the engine runs it), the same mix by full enumeration
+  (`reclaim_quote_reference_us_*`, up to `--reference-max` checkpoints; `reference_matches`),
+  `host_quote_us_p50` (a Host gap: ranked over the Host-resident objects), `source_select_us_p50`,
+  `cycle_us_p50` (a cycle's permits on that ledger) and `build_s`.
 Progress goes to stderr; the CLI prints the returned dict.
 """
 from __future__ import annotations
@@ -42,6 +51,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--queries", type=int, default=None, help="source queries timed (default: min(2000, --cycles))")
     ap.add_argument("--quotes", type=int, default=20, help="reclamation quotes timed")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scaling", default="1000,10000,100000",
+                    help="cached checkpoints per scaling entry, comma-separated ('' to skip)")
+    ap.add_argument("--scale-quotes", type=int, default=200, help="quotes timed per scaling entry")
+    ap.add_argument("--reference-max", type=int, default=10_000,
+                    help="largest scaling entry that also times the full enumeration (quote_reference)")
     ap.add_argument("--json", action="store_true", help="accepted for symmetry; the CLI's --json decides printing")
     return ap.parse_args(argv)
 
@@ -175,7 +189,7 @@ def _cache_state(args):
             e.add(L.plan_add_holders(e.state, pages[:2], L.ckpt_holder(sid)))
             e.put_point(L.Checkpoint(sid, ("shared", sid), L.PointKind.SHARED, L.identity_of(prefixes[r]), sst,
                                      ((L.MAIN_KV, pages[:2]),), r), hold=False)
-            e.set(shared=e.cache.shared.set(sid, L.SharedEntry(sid, sid, L.Tier.NORMAL, 0, 0, True)))
+            e.put_shared(L.SharedEntry(sid, sid, L.Tier.NORMAL, 0, 0, True))
         res = e.finish("bench")
         s, c = res.plan.result, res.cache
     return s, c, tokens
@@ -204,19 +218,200 @@ def _bench_cache(args) -> dict:
         best = L.query_sources(s, c, q, cost)[0]
         sel.append((clock() - t0) / 1e3)
         assert best.frontier == 192
-    quotes = []
+    quotes, ref = [], []
     ap = L.Applicant(L.ApplicantKind.NECESSARY, demote=False)
     gap = L.Gap(L.STATE_POOL, 1)
-    actions = 0
     for _ in range(args.quotes):
         t0 = clock()
         q = L.quote(s, c, gap, ap)
         quotes.append((clock() - t0) / 1e3)
-        actions = len(q.actions)
+    for _ in range(max(1, min(3, args.quotes))):
+        t0 = clock()
+        r = L.quote_reference(s, c, gap, ap)
+        ref.append((clock() - t0) / 1e3)
+    assert q.chosen == r.chosen, "the victim order must select what the full enumeration selects"
     return {"cache_records": len(c.records), "source_select_us_p50": round(statistics.median(sel), 1),
-            "source_select_us_p99": round(_pct(sel, 0.99), 1), "reclaim_actions": actions,
+            "source_select_us_p99": round(_pct(sel, 0.99), 1), "reclaim_actions": len(r.actions),
             "reclaim_quote_us_p50": round(statistics.median(quotes), 1),
-            "reclaim_quote_us_p99": round(_pct(quotes, 0.99), 1)}
+            "reclaim_quote_us_p99": round(_pct(quotes, 0.99), 1),
+            "reclaim_quote_reference_us_p50": round(statistics.median(ref), 1)}
+
+
+def _scale_state(n_ckpts: int, seed: int):
+    """About `n_ckpts` checkpoints as the engine leaves them: system prompts (two 64-token pages,
+    a shared entry each, SH-1) forked by ~30 records each; every record an E over its own page
+    (BIND-3: the prompt's pages shared), every other one an input point R inside E's last page;
+    a fifth of the records and a third of the shared entries in the reuse tier (HEAT-1), with
+    increasing demand; about 5% of the StateImages with a Host copy and 5% on Host only; eight
+    active writers sharing a prompt's pages (`seq` holders) and two reader leases. Built with the
+    policy's own edits (one bulk Edit: the victim order is built once at its end)."""
+    from ledger.cache_edit import Edit
+
+    rng = random.Random(seed)
+    n_prefix = max(4, n_ckpts // 46)  # ~30 records per system prompt
+    n_rec = max(1, (n_ckpts - n_prefix) * 2 // 3)
+    slot, page = 4096, 1024
+    n_states = n_rec + (n_rec + 1) // 2 + n_prefix
+    n_host = max(2, (n_states - n_prefix) // 10)
+    # The Host arena holds those replicas and 16 StateImages more: Device demotions of up to
+    # 16 StateImages (64 pages) place as they are; a Host gap needs victims (HOST-1/2).
+    cfg = L.LedgerConfig((L.PoolSpec(L.MAIN_KV, L.KV_PAGES, 2 * n_prefix + n_rec + 4096, page, 64),
+                          L.PoolSpec(L.STATE_POOL, L.STATE_SLOTS, n_states + 1024, slot)),
+                         (n_host + 16) * slot)
+    s, c = L.initial_state(cfg), L.empty_cache()
+    e = Edit(s, c, bulk=True)
+    prefix_toks, prefix_pages = [], []
+    for g in range(n_prefix):
+        toks = [(97 * g + i) % 50_000 + 1 for i in range(128)]
+        sid = e.new_id()
+        sst = e.add(L.plan_allocate(e.state, L.STATE_POOL, 1, L.ckpt_holder(sid))).proof.allocated[0][0]
+        pages = tuple(a[0] for a in e.add(L.plan_allocate(e.state, L.MAIN_KV, 2, L.ckpt_holder(sid))).proof.allocated)
+        e.put_point(L.Checkpoint(sid, ("shared", sid), L.PointKind.SHARED, L.identity_of(toks), sst,
+                                 ((L.MAIN_KV, pages),), g), hold=False)
+        reuse = g % 3 == 0
+        e.put_shared(L.SharedEntry(sid, sid, L.Tier.REUSE if reuse else L.Tier.NORMAL, g + 1 if reuse else 0,
+                                   128 if reuse else 0, True))
+        prefix_toks.append(toks)
+        prefix_pages.append(pages)
+    tokens, states = [], []
+    for r in range(n_rec):
+        g = r % n_prefix
+        toks = prefix_toks[g] + [(r * 31 + i) % 50_000 + 1 for i in range(64)]
+        tokens.append(toks)
+        cid = e.new_id()
+        st = e.add(L.plan_allocate(e.state, L.STATE_POOL, 1, L.ckpt_holder(cid))).proof.allocated[0][0]
+        own = e.add(L.plan_allocate(e.state, L.MAIN_KV, 1, L.ckpt_holder(cid))).proof.allocated[0][0]
+        pages = prefix_pages[g] + (own,)
+        e.add(L.plan_add_holders(e.state, prefix_pages[g], L.ckpt_holder(cid)))
+        reuse = r % 5 == 0
+        rec = e.new_record(publication=r + 1, tier=L.Tier.REUSE if reuse else L.Tier.NORMAL,
+                           demand_time=n_prefix + r + 1 if reuse else 0, proven=192 if reuse else 0)
+        e.put_point(L.Checkpoint(cid, ("rec", rec.rid), L.PointKind.END, L.identity_of(toks), st,
+                                 ((L.MAIN_KV, pages),), r), hold=False)
+        rec = e.cache.records[rec.rid]._replace(end=cid)
+        states.append(st)
+        if r % 2 == 0:  # the input point R at 160 tokens: its own state, E's pages (BIND-3)
+            rid_ = e.new_id()
+            rst = e.add(L.plan_allocate(e.state, L.STATE_POOL, 1, L.ckpt_holder(rid_))).proof.allocated[0][0]
+            e.add(L.plan_add_holders(e.state, pages, L.ckpt_holder(rid_)))
+            e.put_point(L.Checkpoint(rid_, ("rec", rec.rid), L.PointKind.INPUT, L.identity_of(toks[:160]), rst,
+                                     ((L.MAIN_KV, pages),), r, "ResponseReplay"), hold=False)
+            rec = rec._replace(input_point=rid_)
+            states.append(rst)
+        e.put_record(rec)
+    e.set(clock=n_prefix + n_rec + 2)
+    res = e.finish("bench")
+    s, c = res.plan.result, res.cache
+    # Host copies (bind read-backs keep theirs) and Host-only states (Host demotions), in batches
+    picks = rng.sample(states, n_host)
+    half = len(picks) // 2
+    for i in range(0, len(picks), 64):
+        ids = picks[i:i + 64]
+        t = L.plan_begin_transfer(s, L.TransferRequest(L.TxnKind.DEMOTION, "bench", ids, L.HOST_MEDIUM,
+                                                       drop_source=i >= half))
+        s = L.commit(s, t)
+        for step in (L.plan_submit, L.plan_complete, L.plan_publish):
+            s = L.commit(s, step(s, t.proof.generation))
+    # active writers on eight prompts' pages, two readers
+    for k in range(min(8, n_prefix)):
+        s = L.commit(s, L.plan_add_holders(s, prefix_pages[k * (n_prefix // 8 or 1) % n_prefix], ("seq", k)))
+    lease_on = [st for st in states[:50] if s.objects[st].device is not None][:2]
+    s = L.commit(s, L.plan_lease(s, lease_on, L.DEVICE, "bench-reader"))
+    c = c._replace(victims=L.victims.sync(c.victims, s, c))  # the order follows the replicas moved above
+    return s, c, tokens
+
+
+def _quote_mix(s, c, rng, n: int):
+    """(gap, applicant, protect) as an admission and a capture issue them (gap_order: State, then
+    Main KV; RCL-8: the source protected; Host demotions considered; RCL-11: a capture's budget)."""
+    cps = list(c.checkpoints.values())
+    out = []
+    for i in range(n):
+        src = cps[rng.randrange(len(cps))]
+        k = i % 4
+        if k == 0:
+            out.append((L.Gap(L.STATE_POOL, 1), L.Applicant(L.ApplicantKind.NECESSARY), src.object_ids()))
+        elif k == 1:
+            out.append((L.Gap(L.MAIN_KV, 4), L.Applicant(L.ApplicantKind.NECESSARY), src.object_ids()))
+        elif k == 2:
+            out.append((L.Gap(L.STATE_POOL, 1), L.Applicant(L.ApplicantKind.CAPTURE, budget=64), (src.state,)))
+        else:
+            out.append((L.Gap(L.MAIN_KV, 1), L.Applicant(L.ApplicantKind.NECESSARY), ()))
+    return out
+
+
+def _scaling_entry(n: int, args) -> dict:
+    rng = random.Random(args.seed + n)
+    t = time.perf_counter()
+    s, c, tokens = _scale_state(n, args.seed)
+    build_s = time.perf_counter() - t
+    gc.collect()  # the build's garbage is not the quotes' (the collector stays on, nothing frozen)
+    _log(f"scaling {n}: {len(c.records)} records, {len(c.checkpoints)} checkpoints, {len(s.objects)} objects "
+         f"in {build_s:.1f}s")
+    clock = time.perf_counter_ns
+    mix = _quote_mix(s, c, rng, args.scale_quotes)
+    us, chosen = [], 0
+    for gap, ap, protect in mix:
+        t0 = clock()
+        q = L.quote(s, c, gap, ap, protect)
+        us.append((clock() - t0) / 1e3)
+        chosen += len(q.chosen)
+    out = {"checkpoints": len(c.checkpoints), "records": len(c.records), "objects": len(s.objects),
+           "reclaim_quote_us_p50": round(statistics.median(us), 1), "reclaim_quote_us_p99": round(_pct(us, 0.99), 1),
+           "reclaim_quotes": len(us), "reclaim_chosen_per_quote": round(chosen / len(us), 2)}
+    if n <= args.reference_max:
+        ref, same = [], True
+        for gap, ap, protect in mix[:max(4, 12 * 1000 // max(n, 1000))]:
+            t0 = clock()
+            r = L.quote_reference(s, c, gap, ap, protect)
+            ref.append((clock() - t0) / 1e3)
+            q = L.quote(s, c, gap, ap, protect)
+            same &= q.chosen == r.chosen and q.cold == r.cold and q.admitted == r.admitted
+        out.update(reclaim_quote_reference_us_p50=round(statistics.median(ref), 1),
+                   reclaim_quote_reference_us_p99=round(_pct(ref, 0.99), 1), reclaim_quote_reference_n=len(ref),
+                   reference_matches=same,
+                   speedup_p50=round(statistics.median(ref) / max(statistics.median(us), 1e-3), 1))
+    else:
+        out["reclaim_quote_reference"] = f"skipped above --reference-max {args.reference_max} (seconds per quote)"
+    hq = []
+    hosted = len(c.victims.hosted)
+    slot = s.pool(L.STATE_POOL).spec.unit_bytes
+    need = tuple(L.HostAllocation(slot) for _ in range(s.arena.free_bytes // slot + 1))  # one block short
+    for i in range(min(8 if hosted < 500 else 3, args.scale_quotes)):  # O(Host objects) each: few at scale
+        t0 = clock()
+        hqt = L.quote(s, c, L.Gap(L.HOST, slot * len(need), need), L.Applicant(L.ApplicantKind.NECESSARY))
+        hq.append((clock() - t0) / 1e3)
+    assert hqt.admitted
+    out.update(host_quote_us_p50=round(statistics.median(hq), 1), host_resident_objects=hosted)
+    cost = L.CostModel()
+    sel = []
+    for _ in range(200):
+        q = L.SourceQuery("bench", L.identity_of(tokens[rng.randrange(len(tokens))] + [7, 7, 7]))
+        t0 = clock()
+        L.query_sources(s, c, q, cost)
+        sel.append((clock() - t0) / 1e3)
+    out["source_select_us_p50"] = round(statistics.median(sel), 1)
+    demands = [L.UnitDemand(("seq", r), L.UnitKind.DECODE, {L.MAIN_KV: 1}) for r in range(args.rows)]
+    cyc = []
+    for _ in range(300):
+        t0 = clock()
+        plan = L.plan_cycle_permits(s, demands)
+        s2 = L.commit(s, plan)
+        cyc.append((clock() - t0) / 1e3)
+        del s2
+    out["cycle_us_p50"] = round(statistics.median(cyc), 1)
+    out["build_s"] = round(build_s, 1)
+    return out
+
+
+def _bench_scaling(args) -> list:
+    sizes = [int(x) for x in args.scaling.split(",") if x.strip()]
+    gc.unfreeze()  # GC as the engine runs it (no frozen heap)
+    out = []
+    for n in sizes:
+        out.append(_scaling_entry(n, args))
+        _log(f"scaling {n}: {out[-1]}")
+    return out
 
 
 def run(argv: list[str]) -> dict:
@@ -237,7 +432,10 @@ def run(argv: list[str]) -> dict:
     figures.update(_bench_arena(args))
     _log("timing source selection and reclamation quotes")
     figures.update(_bench_cache(args))
+    _log("scaling: the quote mix at growing cache sizes")
+    figures["scaling"] = _bench_scaling(args)
     figures["target_cycle_us_p50"] = 200.0
+    figures["target_reclaim_quote_us_p99"] = {"10000": 1000.0, "100000": 5000.0}
     figures["seconds"] = round(time.perf_counter() - t, 2)
     gc.unfreeze()
     return figures

@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from cache_helpers import L, make
 from ledger.cache_state import seq_holder
 from ledger_helpers import SETTINGS
+from victim_checks import order_matches_scratch, quotes_agree
 
 STATS = {"capacity": 0, "turns": 0, "captures": 0, "reclaim": 0, "admitted": 0, "deleted": 0, "host_pressure": 0}
 PREFIXES = [list(range(1000 + 100 * i, 1000 + 100 * i + 90)) for i in range(3)]
@@ -271,6 +272,14 @@ class CacheMachine(RuleBasedStateMachine):
         for req, v in self.views.items():
             assert seq_holder(req) in self.sim.state.objects[v.state].holders
 
+    @invariant()
+    def victim_order(self):
+        """RCL-4/RD-8, HEAT-4: the incrementally kept order equals the one ranked from scratch,
+        and quotes taken through it equal the full enumeration's (ledger/victims.py)."""
+        order_matches_scratch(self.sim.state, self.sim.cache)
+        self.checks = getattr(self, "checks", 0) + 1
+        quotes_agree(self.sim.state, self.sim.cache, self.checks)
+
     def teardown(self):
         sim = self.sim
         for req, v in list(self.views.items()):
@@ -355,6 +364,9 @@ class HostPressureMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self):
         L.check_cache(self.sim.state, self.sim.cache)
+        order_matches_scratch(self.sim.state, self.sim.cache)
+        self.checks = getattr(self, "checks", 0) + 1
+        quotes_agree(self.sim.state, self.sim.cache, self.checks, n=4)
 
     def teardown(self):
         self.sim.drive_transaction()

@@ -1,0 +1,642 @@
+"""A reclamation quote through the cache's victim order (RCL-1..12, HOST-1..3, WAIT-2, RD-8).
+
+`quote_fast` makes the very selection `reclaim.quote_reference` makes, without enumerating
+every action: the ranked admissible actions are produced lazily, best first, by merging the
+stored orders of ledger/victims.py, and the selection (`reclaim.select_device`, shared with the
+reference) stops reading at its closing pick.
+
+The merge. Each stored order yields entries in ascending order of a *lower bound* of their
+true RCL-4 key: a group's stored loss, frees, tier and demand come from the cache's facts; what
+the ledger adds — leases, pins, active writers, the applicant's protected objects, holders the
+cache does not know — can only remove objects, i.e. raise the key (fewer useful units) or drop
+the action. A taken entry is evaluated exactly (the reference's own rules, on the live state)
+and waits in a small heap until no unread entry can rank before it. The gap-dependent useful
+amount (RD-8: freed units capped at the gap) is served by buckets of groups freeing the same
+units (`n`): within a bucket loss orders them, one divisor per bucket; a budgeted capture
+(RCL-11) stops reading a bucket at the first loss the rest of its budget excludes.
+
+Reuse-tier content (`r`, `dr`) ranks after normal content, except for owners the HEAT-4 segment
+puts beyond the soft target: those few are ranked here as normal content (`cold`), exactly. Groups
+with waiters, pause snapshots or waiters' own points (`special`) depend on the applicant
+(WAIT-2, PAUSE-4, SCH-4) and are ranked here from their members. Demotions (RCL-6) are taken
+in (tier, demand, checkpoint) order; the page a group takes is decided as the reference
+decides it (the first checkpoint in `walk_key` order claims a shared page). Host gaps rank the
+listed objects with a complete Host replica (`hosted`) by the reference's HOST-1/2 rules (a
+first-fit placement test per action, which no stored key can hold).
+"""
+from __future__ import annotations
+
+import heapq
+
+from ledger import arena as host
+from ledger import extents as ex
+from ledger import reclaim as rc
+from ledger import victims as vx
+from ledger.cache_state import Tier
+from ledger.reclaim import Action, Applicant, ApplicantKind, Gap, Quote, _Facts
+from ledger.state import DEVICE, HOST, KV_PAGES
+
+
+class QuoteFacts:
+    """RCL-2: the facts one synchronous decision shares between its quotes — the victim order
+    brought to the ledger's replicas, the HEAT-4 owners beyond the soft target — computed once
+    for one (state, cache) pair and reused by every quote on it: one per scarce pool, the
+    revoking re-quote (WAIT-2), a capture's State then Host gaps. Void once either changes
+    (`valid_for`); permissions stay per applicant."""
+
+    __slots__ = ("state", "cache", "vi", "_cold")
+
+    def __init__(self, state, cache):
+        self.state, self.cache = state, cache
+        self.vi = vx.sync(cache.victims, state, cache) if cache.victims is not None else None
+        self._cold = None
+
+    def valid_for(self, state, cache) -> bool:
+        return state is self.state and cache is self.cache
+
+    @property
+    def cold(self) -> frozenset:
+        if self._cold is None:
+            vi = self.vi
+            self._cold = vx.beyond_target(vi, self.state)[0] if vi is not None and vi.heat.seg.size else frozenset()
+        return self._cold
+
+    def quote(self, gap: Gap, applicant: Applicant, protect=(), keep_content=()) -> Quote:
+        """`ledger.quote(state, cache, gap, applicant, protect, keep_content)` on these facts."""
+        rc._check_args(self.state, gap, applicant)
+        if self.vi is None:
+            return rc.quote_reference(self.state, self.cache, gap, applicant, protect, keep_content)
+        return quote_fast(self.state, self.cache, gap, applicant, frozenset(protect), frozenset(keep_content), self)
+
+
+def quote_fast(state, cache, gap: Gap, applicant: Applicant, protect: frozenset, keep: frozenset,
+               shared: QuoteFacts | None = None) -> Quote:
+    if shared is None:
+        shared = QuoteFacts(state, cache)
+    vi, cold = shared.vi, shared.cold
+    facts = _Facts(state, cache, cold_source=cold)
+    if gap.pool == HOST:
+        q = _host_quote(state, cache, vi, gap, applicant, protect, keep, facts)
+        # the listing order of `actions` is the full walk's (an arena that fits lists them unranked)
+        return q._replace(cold=facts._cold or frozenset(),
+                          ranking=rc.LazyRanking(state, cache, gap, applicant, protect, keep))
+    q = _device_quote(state, cache, vi, gap, applicant, protect, keep, facts, cold)
+    if not q.admitted and applicant.demote:
+        q2 = _device_quote(state, cache, vi, gap, applicant._replace(demote=False), protect, keep, facts, cold)
+        if q2.admitted:
+            q = q2._replace(applicant=applicant)
+    if cold and facts._cold is None and _reference_reads_cold(state, cache, vi, gap, applicant, protect, keep, facts,
+                                                              cold):
+        facts._cold = cold  # the full enumeration would have met a reuse-tier owner (HEAT-4, recorded on commit)
+    return q._replace(cold=facts._cold or frozenset())
+
+
+# -- Host gaps ---------------------------------------------------------------------------------
+def _host_quote(state, cache, vi, gap, applicant, protect, keep, facts) -> Quote:
+    """HOST-1/2 over the listed objects with a complete Host replica (not every checkpoint)."""
+    actions, excluded = rc._enumerate(state, cache, gap, applicant, protect, facts, keep, candidates=vi.hosted.keys())
+    ok = []
+    for a in actions:
+        if rc._admissible(a, applicant):
+            ok.append(a)
+        else:
+            excluded += 1
+    return rc._select_host(state, cache, gap, applicant, ok, excluded)
+
+
+# -- Device gaps -------------------------------------------------------------------------------
+def _classify(o, pool: str, protect: frozenset, keep: frozenset) -> str:
+    """What the reference's candidate walk makes of a Device object: "skip", "dup" or "group"."""
+    if o is None or o.pool != pool:
+        return "skip"
+    d = o.device
+    if d is None or not d.complete or o.leases or o.pins:
+        return "skip"  # TXN-1: readers and pins keep the replica
+    for h in o.holders:
+        if h[0] == "seq":
+            return "skip"  # an active writer computes on it (SAVE-5, RCL-8)
+    oid = o.object_id
+    if oid in protect and oid not in keep:
+        return "skip"  # RCL-8
+    if o.host is not None and o.host.complete:
+        return "dup"  # HOST-1 / RCL-6
+    if oid in protect or oid in keep:
+        return "skip"
+    return "group"
+
+
+class _Select:
+    """The ranked admissible actions of one Device quote, produced lazily."""
+
+    def __init__(self, state, cache, vi, gap, applicant, protect, keep, facts, cold):
+        self.state, self.cache, self.vi = state, cache, vi
+        self.gap, self.ap, self.protect, self.keep = gap, applicant, protect, keep
+        self.facts, self.cold = facts, cold
+        self.pool = gap.pool
+        self.g = gap.amount
+        self.po = vi.orders[gap.pool]
+        self.kind = state.pool(gap.pool).spec.kind
+        ap = applicant
+        self.budgeted = ap.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and not ap.demand_time
+        self.brem = ap.budget if self.budgeted else None  # RCL-11: what is left of the budget
+        self.demote = ap.demote and state.transaction is None
+        self._claims = None
+        self.free_units = None
+        self.pending: dict = {}  # cid -> the demotion needing Host victims (first MAX_VICTIM_DEMOTIONS)
+
+    # -- what the applicant may take (RCL-10) --
+    def _reuse_ok(self) -> bool:
+        ap = self.ap
+        if ap.kind in (ApplicantKind.NECESSARY, ApplicantKind.SNAPSHOT) or ap.demand_time:
+            return True
+        return Tier.REUSE <= ap.tier
+
+    def _over_budget(self, loss) -> bool:
+        return self.brem is not None and loss > 0 and loss >= self.brem
+
+    # -- sources: (lower-bound key, kind, payload), ascending --
+    def _src_x(self):
+        for (oid,) in self.po.x:
+            yield (0, 0, 0, 0.0, 0, False, (), (oid,)), "x", oid
+
+    def _src_n(self, bucket: int, order):
+        """Normal-tier groups freeing `bucket` units (WIDE: more than 64, or many points), by
+        loss: their useful amount is min(frees, gap) (RD-8), one divisor per bucket."""
+        g = self.g
+        div = min(bucket, g) if bucket != vx.WIDE else g
+        for loss, demand, cids, f in order:
+            if self._over_budget(loss):
+                return  # ascending by loss: nothing later fits the budget (RCL-11)
+            yield (0, 0, 0, loss / div, demand, True, cids), "g", cids
+
+    def _src_r(self):
+        ap = self.ap
+        lim = ap.demand_time if ap.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and ap.demand_time else None
+        groups, pool, cold = self.vi.groups, self.pool, self.cold
+
+        def keep_chunk(agg):
+            return not self._over_budget(agg)
+        for it in self.po.r.scan(keep_chunk):
+            demand, cids, loss = it
+            if lim is not None and demand >= lim:
+                return  # RCL-10: only reuse content older than the capture's own demand
+            if self._over_budget(loss):
+                continue
+            if cold and groups[(pool, frozenset(("ckpt", c) for c in cids))].hot <= cold:
+                continue  # every owner protecting it is beyond the soft target: ranked as normal
+            yield (0, 0, 1, demand, 0, True, cids), "g", cids
+
+    def _src_dn(self):
+        g = self.g
+        for demand, cid, reach in self.po.dn.scan(lambda agg: agg >= g):
+            if reach >= g:  # else its objects surely go to other points' groups (RCL-6)
+                yield (0, 0, 0, 0.0, demand, True, (cid,)), "d", cid
+
+    def _src_dr(self):
+        ap = self.ap
+        lim = ap.demand_time if ap.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and ap.demand_time else None
+        cps, cold, g = self.cache.checkpoints, self.cold, self.g
+        for demand, cid, reach in self.po.dr.scan(lambda agg: agg >= g):
+            if lim is not None and demand >= lim:
+                return
+            if reach < g or (cold and cps[cid].owner in cold):
+                continue
+            yield (0, 0, 1, demand, 0, True, (cid,)), "d", cid
+
+    # -- exact evaluation --
+    def _x_action(self, oid):
+        o = self.state.objects.get(oid)
+        if _classify(o, self.pool, self.protect, self.keep) != "dup":
+            return None
+        return Action("drop_replica", (), (oid,), 1, (), 0, Tier.NORMAL, 0, o.holders, (), DEVICE)
+
+    def _valid_members(self, hs):
+        g = self.vi.groups.get((self.pool, hs))
+        if g is None:
+            return []
+        objects, pool, protect, keep = self.state.objects, self.pool, self.protect, self.keep
+        out = []
+        for oid in g.members:
+            o = objects.get(oid)
+            if o is not None and o.holders == hs and _classify(o, pool, protect, keep) == "group":
+                out.append(o)
+        return out
+
+    def _group_action(self, cids: tuple):
+        hs = frozenset(("ckpt", c) for c in cids)
+        own = self._valid_members(hs)
+        if not own:
+            return None
+        cache, facts = self.cache, self.facts
+        cps = cache.checkpoints
+        gone = frozenset(cids)
+        if len(cids) == 1 and len(own) == 1:  # the reference's inline case
+            o = own[0]
+            c = cps[cids[0]]
+            kind, okey = c.owner
+            r = cache.records.get(okey) if kind == "rec" else None
+            if r is not None and r.tier != Tier.REUSE:
+                h, t = False, r.demand_time
+            else:
+                h, t = facts.hot(c, gone)
+            return Action("delete", cids, (o.object_id,), 1, (), facts.loss(gone), Tier.REUSE if h else Tier.NORMAL,
+                          t, o.holders, ())
+        freed = {o.object_id: o for o in own}
+        if len(cids) > 1:
+            for sub in self._subgroups(hs):
+                for o in self._valid_members(sub):
+                    freed[o.object_id] = o
+        tier, demand = facts.tier(gone)
+        holders, ids = rc.freed_holders(freed)
+        return Action("delete", cids, ids, len(freed), (), facts.loss(gone), tier, demand, holders, (), DEVICE, (), ())
+
+    def _subgroups(self, hs):
+        """Ordinary groups of the pool strictly within holder set `hs` (RCL-1: they go with it)."""
+        vi, pool = self.vi, self.pool
+        seen = set()
+        for h in hs:
+            if h[0] != "ckpt":
+                continue
+            for s in vi.gidx.get((pool, h[1]), ()):
+                if s not in seen:
+                    seen.add(s)
+                    if s != hs and s <= hs and not vi.groups[(pool, s)].special:
+                        yield s
+        if vx._width(hs) > vx.BIG:
+            for s in vi.big.get(pool, ()):
+                if s != hs and s <= hs and not vi.groups[(pool, s)].special:
+                    yield s
+
+    # -- demotions (RCL-5/6) --
+    @property
+    def claims(self):
+        if self._claims is None:
+            self._claims = _Claims(self)
+        return self._claims
+
+    def _units_free(self) -> int:
+        """HOST-1 pre-check: Host room in units of this pool (as the reference counts it), exact
+        below the gap, stopping once the gap is covered (each demotion moves at most the gap)."""
+        if self.free_units is None:
+            unit = self.state.pool(self.pool).spec.unit_bytes
+            n = 0
+            for _, length in ex.iter_extents(self.state.arena.free):
+                n += length // unit
+                if n >= self.g:
+                    break
+            self.free_units = n
+        return self.free_units
+
+    def _demote_action(self, cid):
+        group = self.claims.group(cid)
+        if not group:
+            return None
+        c = self.cache.checkpoints[cid]
+        hot, demand = self.facts.hot(c, frozenset())
+        tier = Tier.REUSE if hot else Tier.NORMAL
+        if self._units_free() >= len(group):
+            objects = self.state.objects
+            holders = frozenset(h for oid in group for h in objects[oid].holders)
+            return Action("demote", (cid,), tuple(group), len(group), (), 0, tier, demand, holders, (), DEVICE, ())
+        return self.pending.get(cid)
+
+    def _prepare_pending(self) -> None:
+        """The demotions that need Host victims: the reference quotes the oldest few by (tier,
+        demand, checkpoint) (`MAX_VICTIM_DEMOTIONS`); fixed before ranking (RCL-5)."""
+        if not self.demote or self._units_free() >= self.g:
+            return
+        cps, cold = self.cache.checkpoints, self.cold
+        g = self.g
+        normal = [(d, cid) for d, cid, r in self.po.dn.scan(lambda agg: agg >= g) if r >= g]
+        normal += [(d, cid) for d, cid, r in self.po.dr if r >= g and cold and cps[cid].owner in cold]
+        normal.sort()
+        reuse = [(d, cid) for d, cid, r in self.po.dr.scan(lambda agg: agg >= g)
+                 if r >= g and not (cold and cps[cid].owner in cold)]
+        found = []
+        fu = self._units_free()
+        for tier, seq in ((Tier.NORMAL, normal), (Tier.REUSE, reuse)):
+            for demand, cid in seq:
+                group = self.claims.group(cid)
+                if group and len(group) > fu:
+                    found.append((tier, demand, cps[cid], group))
+                    if len(found) >= rc.MAX_VICTIM_DEMOTIONS:
+                        break
+            if len(found) >= rc.MAX_VICTIM_DEMOTIONS:
+                break
+        state, cache, facts, ap = self.state, self.cache, self.facts, self.ap
+        spec = state.pool(self.pool).spec
+        unit = spec.unit_bytes
+        for tier, demand, c, group in found:
+            self.facts.hot(c, frozenset())  # the reference ranks it (and reads its tier) before quoting
+            holders = frozenset(h for oid in group for h in state.objects[oid].holders)
+            need = host.HostAllocation(unit * len(group), len(group)) if spec.kind == KV_PAGES \
+                else host.HostAllocation(unit)
+            wb = Applicant(ApplicantKind.WRITEBACK, budget=facts.loss(frozenset((c.cid,))),
+                           demand_time=c.demand_time, tier=tier, demote=False)
+            if ap.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK):
+                both_demand = min(wb.demand_time, ap.demand_time) if wb.demand_time and ap.demand_time else 0
+                budget = wb.budget if ap.demand_time else min(wb.budget, ap.budget)
+                wb = wb._replace(budget=budget, demand_time=both_demand, tier=min(wb.tier, ap.tier))
+            q = _host_quote(state, cache, self.vi, Gap(HOST, need.size, (need,)), wb, self.protect | set(group),
+                            frozenset(), facts)
+            if not q.admitted:
+                continue
+            victims = tuple(v._replace(objects=rc._all_freed(state, cache, v)) for v in q.chosen)
+            cids, waiters = rc._removes(victims)
+            if rc._freed(state, cache, group, cids, waiters):
+                continue  # RCL-5/RCL-7: the victims together would free the very pages being demoted
+            self.pending[c.cid] = Action("demote", (c.cid,), tuple(group), len(group), (), q.loss, tier, demand,
+                                         holders, (), DEVICE, victims)
+
+    # -- exact lists (few) --
+    def _cold_actions(self) -> list:
+        """Content of owners beyond the soft target (HEAT-4): ranked as normal content."""
+        out = []
+        if not self.cold:
+            return out
+        vi, pool, cache = self.vi, self.pool, self.cache
+        seen_g, seen_d = set(), set()
+        for owner in self.cold:
+            _, _, points = vx.owner_status(cache, owner)
+            for p in points:
+                for hs in vi.gidx.get((pool, p), ()):
+                    if hs in seen_g:
+                        continue
+                    seen_g.add(hs)
+                    g = vi.groups[(pool, hs)]
+                    if g.special or not g.hot or not g.hot <= self.cold or not g.items:
+                        continue
+                    a = self._group_action(vx._cids(hs))
+                    if a is not None:
+                        out.append((a, 0))
+                if self.demote and p not in seen_d:
+                    seen_d.add(p)
+                    d = vi.dem.get((pool, p))
+                    if d is not None and d[1] is not None and d[1][0] == "dr":
+                        a = self._demote_action(p)
+                        if a is not None:
+                            out.append((a, 1))
+        return out
+
+    def _special_actions(self) -> list:
+        """Groups with waiters, pause snapshots or waiters' own points (WAIT-2, PAUSE-4): the
+        reference's grouping, on their members only."""
+        vi, pool = self.vi, self.pool
+        sp = vi.special.get(pool)
+        if not sp:
+            return []
+        state, cache, ap, facts = self.state, self.cache, self.ap, self.facts
+        objects = state.objects
+        groups: dict = {}
+        for hs in sp:
+            for oid in vi.groups[(pool, hs)].members:
+                o = objects.get(oid)
+                if _classify(o, pool, self.protect, self.keep) != "group":
+                    continue
+                got = rc._holders_ok(o, cache, ap)
+                if got is None:
+                    continue
+                cids, revoked = got
+                if not cids:
+                    continue
+                key = (frozenset(cids), tuple(sorted(revoked, key=repr)) if revoked else ())
+                groups.setdefault(key, []).append(o)
+        snapshots = any(u.snapshot for u in cache.active.values())
+        out = []
+        for key, objs in groups.items():
+            cids, waiters = key
+            freed = {o.object_id: o for o in objs}
+            if len(cids) > 1:
+                for k2, objs2 in groups.items():
+                    if k2 != key and k2[0] <= cids and set(k2[1]) <= set(waiters):
+                        for o in objs2:
+                            freed[o.object_id] = o
+                hs = frozenset(("ckpt", c) for c in cids)
+                for sub in self._subgroups(hs):
+                    for o in self._valid_members(sub):
+                        freed[o.object_id] = o
+            tier, demand = facts.tier(cids)
+            holders, ids = rc.freed_holders(freed)
+            revokes = rc.deletion_revokes(cache, cids, waiters) if waiters or snapshots else ()
+            out.append((Action("delete", tuple(sorted(cids)), ids, len(freed), (), facts.loss(cids), tier, demand,
+                               holders, waiters, DEVICE, (), revokes), 0))
+        return out
+
+    # -- the merge --
+    def __iter__(self):
+        g = self.g
+        ap = self.ap
+        rank, admissible = rc._rank_key, rc._admissible
+        ready: list = []  # (key, tie, seq, action)
+        seq = 0
+
+        def offer(a, tie):
+            nonlocal seq
+            if a is not None and admissible(a, ap):
+                heapq.heappush(ready, (rank(a, g), tie, seq, a))
+                seq += 1
+        self._prepare_pending()
+        for a, tie in self._special_actions() + self._cold_actions():
+            offer(a, tie)
+        sources = [self._src_x()] + [self._src_n(b, o) for b, o in self.po.n.items()]
+        if self._reuse_ok():
+            sources.append(self._src_r())
+        if self.demote:
+            sources.append(self._src_dn())
+            if self._reuse_ok():
+                sources.append(self._src_dr())
+        heads: list = []
+        for i, src in enumerate(sources):
+            for lb, kind, payload in src:
+                heads.append(((lb, -1), i, kind, payload))
+                break
+        heapq.heapify(heads)
+        while True:
+            while heads and (not ready or (ready[0][0], ready[0][1]) >= heads[0][0]):
+                _, i, kind, payload = heapq.heappop(heads)
+                if kind == "x":
+                    offer(self._x_action(payload), 0)
+                elif kind == "g":
+                    offer(self._group_action(payload), 0)
+                else:
+                    offer(self._demote_action(payload), 1)
+                for lb, kind2, payload2 in sources[i]:
+                    heapq.heappush(heads, ((lb, -1), i, kind2, payload2))
+                    break
+            if not ready:
+                return
+            yield heapq.heappop(ready)[3]
+
+    def took(self, loss: int) -> None:
+        if self.budgeted:
+            self.brem = self.ap.budget - loss
+
+
+class _Claims:
+    """Which of a checkpoint's Device-only objects its demotion group takes (RCL-6): its own in
+    demotion order, up to the gap, skipping what a checkpoint earlier in `walk_key` order took.
+    An object joins at most one group; `claimer` remembers whose, `upto` how far along its
+    holders (in walk order) that is settled."""
+
+    def __init__(self, sel: _Select):
+        self.sel = sel
+        self.memo: dict = {}
+        self.elig: dict = {}
+        self.claimer: dict = {}  # oid -> the checkpoint whose group took it
+        self.upto: dict = {}  # oid -> how many of its holders are known not to take it
+        self.depth = 0
+        self.mover = sel.ap._replace(fresh=False)  # WAIT-2: moving a pause snapshot to Host revokes nothing
+
+    def _eligible(self, oid) -> bool:
+        """May this object move to Host in a demotion (RCL-1, RCL-6, WAIT-2)?"""
+        got = self.elig.get(oid)
+        if got is not None:
+            return got
+        sel = self.sel
+        o = sel.state.objects[oid]
+        ok = not (oid in sel.protect or o.pool != sel.pool or o.device is None or o.host is not None
+                  or o.leases or o.pins)
+        if ok:
+            hs = sel.vi.oh.get(oid)
+            holders = o.holders
+            if hs is not None and holders is not hs and holders != hs:
+                ok = False  # an active writer or a holder the cache does not know limits movement
+            else:
+                g = sel.vi.groups.get((sel.pool, hs)) if hs is not None else None
+                if g is None or g.special:  # waiters, snapshots, waiters' points: by the rules
+                    cache, mover = sel.cache, self.mover
+                    ok = all(rc._may_migrate(h, cache, mover) for h in holders)
+        self.elig[oid] = ok
+        return ok
+
+    def _walk(self, oid) -> tuple:
+        """(walk key, cid, objects ahead) of the points listing a shared oid (kept by the index)."""
+        return self.sel.vi.walk[oid]
+
+    def group(self, cid) -> list:
+        memo = self.memo
+        if cid in memo:
+            return memo[cid]
+        stack = [cid]
+        while stack:
+            top = stack[-1]
+            if top in memo:
+                stack.pop()
+                continue
+            need = self._try(top)
+            if need is not None:
+                stack.append(need)
+            else:
+                stack.pop()
+        return memo[cid]
+
+    def _taken_before(self, oid, cid, me):
+        """True/False whether a checkpoint before `cid` (walk key `me`) took `oid`; or the
+        checkpoint whose group must be known first."""
+        c = self.claimer.get(oid)
+        if c is not None:
+            return c[0] < me
+        hs = self._walk(oid)
+        i = self.upto.get(oid, 0)
+        memo = self.memo
+        n = len(hs)
+        sel = self.sel
+        while i < n:
+            k, p, ahead = hs[i]
+            if k >= me:
+                return False
+            g = memo.get(p)
+            if g is None:
+                # p reaches oid with room whatever it took before (fewer objects ahead of it in
+                # p's demotion order than the gap): no earlier point took it, so p does
+                if ahead < sel.g:
+                    self.claimer[oid] = (k, p)
+                    return True
+                if self.depth >= 48:
+                    return p  # a long chain: the caller's stack computes it first
+                self.depth += 1
+                try:
+                    g = self.group(p)
+                finally:
+                    self.depth -= 1
+            i += 1
+            self.upto[oid] = i
+            if oid in g:
+                self.claimer[oid] = (k, p)
+                return True
+        return False
+
+    def _try(self, cid):
+        sel = self.sel
+        c = sel.cache.checkpoints[cid]
+        out = []
+        want = sel.g
+        me = rc.walk_key(cid)
+        walk = sel.vi.walk
+        for oid in vx.pages_of(c, sel.pool, sel.kind):
+            w = walk.get(oid)
+            if w is not None and w[0][1] != cid and w[0][2] < want:
+                continue  # its first point in walk order takes it with room to spare (or nobody may)
+            if not self._eligible(oid):
+                continue
+            if w is not None:  # shared: did a checkpoint earlier in walk order take it?
+                got = self._taken_before(oid, cid, me)
+                if got is True:
+                    continue
+                if got is not False:
+                    return got  # compute that checkpoint's group first
+            out.append(oid)
+            if len(out) >= want:
+                break
+        self.memo[cid] = out
+        claimer = self.claimer
+        for oid in out:
+            if oid not in claimer:
+                claimer[oid] = (me, cid)
+        return None
+
+
+def _device_quote(state, cache, vi, gap, applicant, protect, keep, facts, cold) -> Quote:
+    ranking = rc.LazyRanking(state, cache, gap, applicant, protect, keep)
+    po = vi.orders[gap.pool]
+    if po.held < gap.amount:  # fewer listed Device objects than the gap: nothing closes it
+        return Quote(gap, applicant, ranking, (), 0, 0, False, state, cache)
+    sel = _Select(state, cache, vi, gap, applicant, protect, keep, facts, cold)
+    chosen = rc.select_device(state, cache, gap, applicant, sel, on_take=sel.took)
+    if chosen is None:
+        return Quote(gap, applicant, ranking, (), 0, 0, False, state, cache)
+    freed = len({o for a in chosen for o in a.objects})
+    return Quote(gap, applicant, ranking, tuple(chosen), freed, sum(a.loss for a in chosen), True, state, cache)
+
+
+def _reference_reads_cold(state, cache, vi, gap, applicant, protect, keep, facts, cold) -> bool:
+    """Would the full enumeration have ranked content of a reuse-tier owner (and so read the
+    HEAT-4 segment that `Quote.cold` records)? Any candidate action with such an owner's point,
+    or a Host victim quoted for a demotion (the reference quotes those before ranking)."""
+    pool = gap.pool
+    sel = _Select(state, cache, vi, gap, applicant, protect, keep, facts, cold)
+    if sel.demote:
+        sel._prepare_pending()
+        if facts._cold is not None:
+            return True
+    wide = vi.big.get(pool, ())
+    for owner in vi.heat.owners.keys():
+        _, _, points = vx.owner_status(cache, owner)
+        for p in points:
+            h = ("ckpt", p)
+            for hs in list(vi.gidx.get((pool, p), ())) + [w for w in wide if h in w]:
+                g = vi.groups[(pool, hs)]
+                if not g.special:
+                    if sel._valid_members(hs):
+                        return True
+                    continue
+                for oid in g.members:
+                    o = state.objects.get(oid)
+                    if _classify(o, pool, protect, keep) != "group":
+                        continue
+                    got = rc._holders_ok(o, cache, applicant)
+                    if got is not None and got[0]:
+                        return True
+            if sel.demote and sel.claims.group(p):
+                return True
+    return False

@@ -1,0 +1,274 @@
+"""The persistent victim order (ledger/victims.py) and quotes taken through it (RCL-1..12, RD-8, HEAT-4).
+
+Every scenario checks the kept order against the one ranked from first principles
+(`order_matches_scratch`) and the quotes against `quote_reference` (`quotes_agree`); the
+random operation sequences of test_cache_properties.py do the same after every step. Here:
+the persistent structures themselves, wide sharing (a system prompt's pages held by more than
+`victims.BIG` points), owners beyond the reuse segment's soft target, lazy validation (leases,
+pins, active writers: the order is not touched, the quote skips them), what a new point re-keys,
+that `check_cache` notices a corrupted order, shared quote facts, and Host gaps.
+"""
+from __future__ import annotations
+
+import immutables
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache_helpers import L, SavePoint, make, toks
+from ledger import ptrie
+from ledger.psorted import CHUNK, PSorted
+from ledger.reclaim import walk_key
+from victim_checks import order_matches_scratch, quotes_agree
+
+V = L.victims
+
+
+# -- the persistent structures ----------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 600)), max_size=900))
+def test_psorted_is_a_persistent_sorted_set(ops):
+    model: set = set()
+    s = PSorted(lambda c: min(x[0] % 7 for x in c))
+    versions = [(s, frozenset())]
+    for add, k in ops:
+        if add:
+            s = s.add((k,))
+            model.add((k,))
+        elif (k,) in model:
+            s = s.remove((k,))
+            model.discard((k,))
+        versions.append((s, frozenset(model)))
+    for v, m in versions[:: max(1, len(versions) // 20)]:  # old versions stay valid
+        assert list(v) == sorted(m) and len(v) == len(m)
+    assert all(1 <= len(c) <= 2 * CHUNK for c in s.chunks)
+    assert all(agg == min(x[0] % 7 for x in c) for agg, c in s.chunk_view())
+    # a chunk filter skips whole chunks, never an item of a kept chunk
+    kept = list(s.scan(lambda agg: agg == 0))
+    assert all(any(x in c for c in s.chunks if min(y[0] % 7 for y in c) == 0) for x in kept)
+    assert list(s.scan(start=(300,))) == [x for x in sorted(model) if x >= (300,)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5000), st.one_of(st.none(), st.integers(0, 3))), max_size=300),
+       st.lists(st.tuples(st.integers(0, 70000), st.one_of(st.none(), st.integers(0, 3))), max_size=60))
+def test_ptrie_diff_names_exactly_the_changed_keys(first, second):
+    def apply(t, m, ops):
+        for k, v in ops:
+            t = ptrie.set_(t, k, v)
+            if v is None:
+                m.pop(k, None)
+            else:
+                m[k] = v
+        return t, m
+
+    a, ma = apply(ptrie.EMPTY, {}, first)
+    b, mb = apply(a, dict(ma), second)
+    assert dict(a.items()) == ma and dict(b.items()) == mb and len(b) == len(mb)
+    want = {k: (ma.get(k), mb.get(k)) for k in set(ma) | set(mb) if ma.get(k) != mb.get(k)}
+    assert {k: (x, y) for k, x, y in ptrie.diff(a, b)} == want
+    assert all(b.get(k) == v for k, v in mb.items())
+
+
+def test_walk_key_is_the_maps_iteration_order():
+    """The demotion walk (RCL-6: a page several points hold joins the first one's group) keeps
+    the order the enumeration had when it iterated the checkpoint map."""
+    keys = [1, 2, 31, 32, 33, 64, 1000, 1023, 1024, 99999, 3 << 20, (1 << 31) + 5]
+    m = immutables.Map(dict.fromkeys(keys))
+    assert list(m) == sorted(keys, key=walk_key)
+
+
+# -- scenarios ----------------------------------------------------------------------------------
+SYSTEM = toks(128, base=5000)
+
+
+def _prompt_family(sim, n: int, base: int = 0):
+    """n requests over one system prompt (a shared marker at its end, SH-1), each forking its
+    pages (BIND-4) and publishing E (and an input point) over its own tail."""
+    for i in range(n):
+        t = SYSTEM + [(base + i) * 7 % 900 + 1 for _ in range(1)] + toks(40, base=10_000 + 100 * (base + i))
+        sim.run(f"f{base}-{i}", t, [SavePoint(128, L.PointKind.SHARED), SavePoint(len(t))], output=(1, 2))
+
+
+def _check(sim, step: int, n: int = 12):
+    order_matches_scratch(sim.state, sim.cache)
+    quotes_agree(sim.state, sim.cache, step, n)
+
+
+def test_wide_sharing_keeps_a_bound_and_quotes_match_reference():
+    sim = make(main=256, slots=64, host=1 << 16)
+    _prompt_family(sim, 14)
+    vi = sim.cache.victims
+    wide = [hs for p in vi.big.values() for hs in p]
+    assert wide, "the system prompt's pages are held by more than BIG points"
+    g = vi.groups[(L.MAIN_KV, wide[0])]
+    item = g.items[0][1]
+    assert g.items[0][0] == ("n", V.WIDE) and item[3] == V.INF
+    assert item[0] == sum(vi.sl[c] for c in item[2]) > 0  # the bound: its points' own losses
+    for step in range(8):
+        _check(sim, step)
+    used = sim.state.pool(L.MAIN_KV).spec.capacity - len(sim.state.pools[L.MAIN_KV].free)
+    deep = 0
+    for amount in (10, used // 2, used):  # deep enough to reach (and evaluate) the wide groups
+        for ap in (L.Applicant(L.ApplicantKind.NECESSARY), L.Applicant(L.ApplicantKind.NECESSARY, demote=False)):
+            q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, amount), ap)
+            r = L.quote_reference(sim.state, sim.cache, L.Gap(L.MAIN_KV, amount), ap)
+            assert (q.chosen, q.admitted, q.freed, q.loss) == (r.chosen, r.admitted, r.freed, r.loss)
+            deep += any(len(a.cids) > V.BIG for a in r.chosen)
+    assert deep, "a wide group was chosen, through its bound"
+    # under pressure the order keeps agreeing while points come and go
+    tight = make(main=40, slots=10, host=1 << 14)
+    for i in range(6):
+        _prompt_family(tight, 3, base=10 * i)
+        _check(tight, i)
+
+
+def _adopted_owners(sim, n: int, length: int = 100):
+    """n histories, each adopted once by a follow-up request (HEAT-1: reuse tier, demand now)."""
+    for i in range(n):
+        t = toks(length, base=1000 * (i + 1))
+        sim.run(f"a{i}", t, [SavePoint(length)], output=(1, 2, 3))
+        sim.run(f"b{i}", t + [1, 2, 9, 9], [SavePoint(length + 4)], output=(4,))
+
+
+def test_owners_beyond_the_soft_target_rank_as_normal_and_are_recorded():
+    sim = make(main=40, slots=40, host=0)
+    _adopted_owners(sim, 8, 190)  # 8 owners of 4 pages each: past 3/4 of 40 pages
+    reuse = [r for r in sim.cache.records.values() if r.tier == L.Tier.REUSE]
+    assert len(reuse) >= 4
+    cold = L.evidence.beyond_target_reference(sim.state, sim.cache)
+    assert cold, "the reuse segment's footprint passed 3/4 of Main KV (HEAT-4)"
+    assert V.beyond_target(sim.cache.victims, sim.state)[0] == cold
+    ap = L.Applicant(L.ApplicantKind.NECESSARY)
+    q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 3), ap)
+    ref = L.quote_reference(sim.state, sim.cache, L.Gap(L.MAIN_KV, 3), ap)
+    assert q.chosen == ref.chosen and q.cold == ref.cold == cold
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))  # RD-4: the tier demotions are recorded
+    for owner in cold:
+        kind, key = owner
+        ent = sim.cache.records.get(key) if kind == "rec" else sim.cache.shared.get(key)
+        assert ent is None or ent.tier == L.Tier.NORMAL
+    assert not (set(sim.cache.victims.heat.owners.keys()) & cold)  # left the kept segment
+    sim.drive_transaction()
+    for step in range(6):
+        _check(sim, step)
+
+
+def test_leases_pins_and_writers_are_checked_when_taken_not_rekeyed():
+    sim = make(main=64, slots=12, host=0)
+    for i in range(6):
+        sim.run(f"r{i}", toks(150, base=1000 * (i + 1)), [SavePoint(100)], output=(1, 2))
+    gap, ap = L.Gap(L.STATE_POOL, 1), L.Applicant(L.ApplicantKind.NECESSARY, demote=False)
+    first = L.quote(sim.state, sim.cache, gap, ap)
+    (victim,) = first.chosen[0].objects
+    before = sim.cache.victims
+    sim.apply(L.plan_pin(sim.state, [victim], "pinner"))
+    assert sim.cache.victims is before  # a pin is the ledger's: the order is not touched
+    q = L.quote(sim.state, sim.cache, gap, ap)
+    assert victim not in {o for a in q.chosen for o in a.objects}  # skipped when taken
+    assert q.chosen == L.quote_reference(sim.state, sim.cache, gap, ap).chosen
+    sim.apply(L.plan_unpin(sim.state, [victim], "pinner"))
+    lease = L.plan_lease(sim.state, [victim], L.DEVICE, "reader")
+    sim.apply(lease)
+    assert L.quote(sim.state, sim.cache, gap, ap).chosen == L.quote_reference(sim.state, sim.cache, gap, ap).chosen
+    assert victim not in {o for a in L.quote(sim.state, sim.cache, gap, ap).chosen for o in a.objects}
+    sim.apply(L.plan_release_leases(sim.state, [lease.proof.leases[0]], "reader"))
+    assert L.quote(sim.state, sim.cache, gap, ap).chosen == first.chosen
+    kv = L.Gap(L.MAIN_KV, 1)
+    page = L.quote(sim.state, sim.cache, kv, ap).chosen[0].objects[0]
+    sim.apply(L.plan_add_holders(sim.state, [page], L.seq_holder("writer")))  # an active writer shares it
+    assert sim.cache.victims is before
+    q = L.quote(sim.state, sim.cache, kv, ap)
+    assert page not in {o for a in q.chosen for o in a.objects}
+    assert q.chosen == L.quote_reference(sim.state, sim.cache, kv, ap).chosen
+    sim.apply(L.plan_drop_holders(sim.state, [page], L.seq_holder("writer")))
+    assert page in L.quote(sim.state, sim.cache, kv, ap).chosen[0].objects
+
+
+def test_a_new_point_rekeys_only_the_points_whose_fallback_moves():
+    from ninfer_jax.bench import ledger_bench as B
+    from ledger.cache_edit import Edit
+
+    s, c, tokens = B._scale_state(600, 0)
+    before = c.victims
+    # a new point between a record's input point (160) and its E (192): E now falls back on it
+    e_cid = next(r.end for r in c.records.values() if r.input_point is not None)
+    e_pt = c.checkpoints[e_cid]
+    e = Edit(s, c)
+    cid = e.new_id()
+    st = e.add(L.plan_allocate(e.state, L.STATE_POOL, 1, L.ckpt_holder(cid))).proof.allocated[0][0]
+    pages = e_pt.kv[0][1]
+    e.add(L.plan_add_holders(e.state, pages, L.ckpt_holder(cid)))
+    rid = e_pt.owner[1]
+    e.put_point(L.Checkpoint(cid, ("rec", rid), L.PointKind.ANCHOR, e_pt.identity.prefix(176), st,
+                             ((L.MAIN_KV, pages),), 0), hold=False)
+    e.put_record(e.cache.records[rid]._replace(anchors=(cid,)))
+    res = e.finish("test")
+    after = res.cache.victims
+    assert res.cache.fallback[e_cid] == cid  # E's surviving fallback moved
+    changed = {k for k in set(before.groups.keys()) | set(after.groups.keys())
+               if before.groups.get(k) != after.groups.get(k)}
+    touched = {cid, e_cid} | set(c.records[rid].points())
+    assert changed and all(any(h[1] in touched for h in hs if h[0] == "ckpt") for _, hs in changed)
+    assert len(changed) <= 6 < len(after.groups) // 50  # a handful re-keyed out of hundreds
+    order_matches_scratch(res.plan.result, res.cache)
+    quotes_agree(res.plan.result, res.cache, 0, 12)
+
+
+def test_check_cache_notices_a_corrupted_order_or_footprint():
+    sim = make(main=64, slots=12, host=1 << 15)
+    _adopted_owners(sim, 3)
+    vi = sim.cache.victims
+    L.check_cache(sim.state, sim.cache)
+    corrupted = 0
+    for pool, po in vi.orders.items():
+        for name in ("r", "dn", "dr"):
+            order = getattr(po, name)
+            if len(order):  # one entry lost from a stored order
+                bad = vi._replace(orders=vi.orders.set(pool, po._replace(**{name: order.remove(order.first())})))
+                with pytest.raises(L.IntegrityError, match="victim order"):
+                    L.check_cache(sim.state, sim.cache._replace(victims=bad))
+                corrupted += 1
+        for bucket, order in po.n.items():
+            bad = vi._replace(orders=vi.orders.set(pool, po._replace(n=po.n.set(bucket, order.remove(order.first())))))
+            with pytest.raises(L.IntegrityError, match="victim order"):
+                L.check_cache(sim.state, sim.cache._replace(victims=bad))
+            corrupted += 1
+    assert corrupted >= 3
+    owner, item = next(iter(vi.heat.owners.items()))
+    heat = vi.heat._replace(owners=vi.heat.owners.set(owner, item[:2] + (tuple(x + 1 for x in item[2]),)))
+    with pytest.raises(L.IntegrityError, match="reuse segment"):
+        L.check_cache(sim.state, sim.cache._replace(victims=vi._replace(heat=heat)))
+
+
+def test_shared_quote_facts_give_the_same_quotes():
+    sim = make(main=48, slots=10, host=1 << 14)
+    _adopted_owners(sim, 4)
+    f = L.quote_facts(sim.state, sim.cache)
+    assert f.valid_for(sim.state, sim.cache)
+    for pool in (L.STATE_POOL, L.MAIN_KV):
+        for ap in (L.Applicant(L.ApplicantKind.NECESSARY), L.Applicant(L.ApplicantKind.NECESSARY, revoke_waiters=True),
+                   L.Applicant(L.ApplicantKind.CAPTURE, budget=50)):
+            for amount in (1, 3):
+                a = f.quote(L.Gap(pool, amount), ap)
+                b = L.quote(sim.state, sim.cache, L.Gap(pool, amount), ap)
+                assert (a.chosen, a.admitted, a.loss, a.cold) == (b.chosen, b.admitted, b.loss, b.cold)
+    q = f.quote(L.Gap(L.STATE_POOL, 1), L.Applicant(L.ApplicantKind.NECESSARY))
+    sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+    assert not f.valid_for(sim.state, sim.cache)
+
+
+def test_host_gap_with_a_full_arena_matches_reference():
+    from ninfer_jax.bench import ledger_bench as B
+
+    s, c, _ = B._scale_state(400, 1)
+    slot = s.pool(L.STATE_POOL).spec.unit_bytes
+    for extra in (1, 2, 5):
+        need = tuple(L.HostAllocation(slot) for _ in range(s.arena.free_bytes // slot + extra))
+        for ap in (L.Applicant(L.ApplicantKind.NECESSARY), L.Applicant(L.ApplicantKind.CAPTURE, budget=40),
+                   L.Applicant(L.ApplicantKind.WRITEBACK, budget=500, demand_time=0)):
+            gap = L.Gap(L.HOST, slot * len(need), need)
+            q, r = L.quote(s, c, gap, ap), L.quote_reference(s, c, gap, ap)
+            assert (q.chosen, q.admitted, q.freed, q.cold) == (r.chosen, r.admitted, r.freed, r.cold)
+    order_matches_scratch(s, c)
+    quotes_agree(s, c, 3, 16)
