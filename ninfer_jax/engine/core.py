@@ -19,6 +19,9 @@ Each `step()` is one cycle:
      frontend's semantic frontiers, captures there (REC-8, SAVE-*); recomputing what a paused
      request had computed is Replay, the rest is ordinary prefill (OBS-1);
   6. settlement of every cycle permit (RES-3); finished rows publish E and release their objects.
+The one context transaction (a bind's read-back, a demotion, a Snapshot's offload) stays in
+flight across cycles and advances at the three SCH-9 points: the cycle's start, after
+admission before the execution choice, and after Control/Decode (engine/transactions.py).
 Every resource change is a ledger plan committed through the Program; the core keeps no
 occupancy ledger of its own.
 """
@@ -85,6 +88,7 @@ class EngineCore(UnitPlanning):
         self.reuse = ContextCache(program, self.counters, enabled=cache_cfg.enabled,
                                   execution=program.execution_tag)
         self.preempt = Preemption(self)
+        self.reuse.txns.core = self  # continuations and events of the transaction in flight (SCH-9)
         self._last_turn = 0  # ticket of the last prefill turn (SCH-8 rotation)
         self.cycle_seconds = 0.0  # wall time in step(), for the overhead figure
         self.compute_seconds = 0.0  # wall time inside the Program's steps
@@ -113,7 +117,11 @@ class EngineCore(UnitPlanning):
 
     # ---- the cycle (engine thread) ---------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self.residents or len(self.fresh) or len(self.preempt))
+        return bool(self.residents or len(self.fresh) or len(self.preempt) or self.reuse.txns.busy)
+
+    def free_lanes(self) -> int:
+        """Lanes neither resident nor kept by a bind in flight (its request binds when it ends)."""
+        return self.c - len(self.residents) - self.reuse.txns.reserved_lanes()
 
     @property
     def recovery_pending(self) -> bool:
@@ -164,25 +172,31 @@ class EngineCore(UnitPlanning):
         self.fresh.push(req)
 
     def _cycle(self) -> None:
+        txns = self.reuse.txns
+        txns.advance()  # SCH-9: the cycle's start
         self.preempt.maybe_recover()  # SCH-1: recovery first, on a real capacity event
         permits = self._resident_permits()
         prefill = permits.get("prefill")
         admitted = self._admit(take_prefill=prefill is None)
         prefill = prefill or admitted
+        txns.advance()  # SCH-9: after admission, before the execution choice
         decode_rows = [r for r in self.residents if r.phase == DECODE and r in permits["decode"]]
         self._allocate(permits["decode"], prefill)
+        ran = bool(decode_rows)
         if decode_rows:
             self._run_decode(decode_rows)
         if prefill is not None and prefill[0].phase == PREFILL:
             self._run_prefill(prefill[0])
+            ran = True
         self._settle(permits["decode"], prefill)
+        txns.advance(idle=not ran)  # SCH-9: after Control/Decode (a cycle that ran nothing waits here)
 
     def _admit(self, take_prefill: bool = True):
         """Fresh admission from the surplus (RES-3, SCH-2): each candidate asks the cache for
         sources and binds the best it can have. Returns the prefill turn if an admitted
         request takes it. Paused requests are not here: they recover by ticket (SCH-6)."""
         turn = None
-        lanes = self.c - len(self.residents)
+        lanes = self.free_lanes()
         if not len(self.fresh):
             return None
         if lanes <= 0:
@@ -198,15 +212,11 @@ class EngineCore(UnitPlanning):
 
         def try_admit(req: Request) -> bool:
             nonlocal turn
-            # WAIT-2: fresh admission may revoke only younger waiters, never a pause snapshot.
-            applicant = ledger.Applicant(ledger.ApplicantKind.NECESSARY, ticket=req.ticket, fresh=True)
-            bound = self.reuse.bind(req.ticket, self._identity(req, len(req.target)), session=req.session,
-                                    unit_end=lambda f: self._unit_end(req, f), ticket=req.ticket,
-                                    resume=False, applicant=applicant)
+            bound = self._bind_fresh(req)
             if isinstance(bound, Refusal):
                 if (not self.residents and not len(self.preempt) and req is self.fresh.head()
-                        and bound.reason == "shortfall"):
-                    self._capacity_error(req, bound)  # nothing else holds anything (RES-6)
+                        and bound.reason == "shortfall" and not self.reuse.txns.busy):
+                    self._capacity_error(req, bound)  # nothing else holds or frees anything (RES-6)
                 return False
             self._bind(req, bound)
             if req.phase == PREFILL and turn is None and take_prefill:
@@ -218,6 +228,33 @@ class EngineCore(UnitPlanning):
 
         self.fresh.scan(lanes, try_admit)
         return turn
+
+    def _bind_fresh(self, req: Request, permit: int | None = None):
+        # WAIT-2: fresh admission may revoke only younger waiters, never a pause snapshot.
+        applicant = ledger.Applicant(ledger.ApplicantKind.NECESSARY, ticket=req.ticket, fresh=True)
+        return self.reuse.bind(req.ticket, self._identity(req, len(req.target)), session=req.session,
+                               unit_end=lambda f: self._unit_end(req, f), ticket=req.ticket,
+                               resume=False, applicant=applicant, permit=permit)
+
+    def _transfer_bound(self, pending) -> None:
+        """SCH-9: a bind transaction was published; its request binds now and joins the normal
+        permit and capture flow (its first-unit permit is settled: it runs from the next cycle)."""
+        if pending.resume:
+            req = next((r for r in self.preempt.paused if r.ticket == pending.request), None)
+            if req is not None:
+                self.preempt.resume_transferred(req, pending.permit)
+            return
+        req = next((r for r in self.fresh if r.ticket == pending.request), None)
+        if req is None or self.free_lanes() <= 0:
+            return
+        bound = self._bind_fresh(req)
+        if isinstance(bound, Refusal):
+            self.fresh.dirty = True  # it is admitted again by the scan
+            return
+        self.fresh.remove(req)
+        self._bind(req, bound)
+        if bound.permit is not None and bound.permit in self.program.state.permits:
+            self._settle_permit(req, bound.permit)
 
     def _bind(self, req: Request, bound) -> None:
         """Adopt the binding the cache gave: lane, StateImage slot, the source's pages (seam of
@@ -324,6 +361,7 @@ class EngineCore(UnitPlanning):
     def _release(self, req: Request, publish: bool = False) -> None:
         """End the request's hold: a normal finish publishes E (BIND-6), anything else only
         releases; its lane is free (a recovery opportunity, SCH-10)."""
+        self.reuse.txns.cancel_for(req.ticket)  # TXN-2: its bind or offload in flight is cancelled
         self.reuse.release_wait(req.ticket)  # a cancelled waiter (WAIT-4); a bind already handed it over
         self.preempt.end_recovery(req)
         if req.bound:
@@ -394,5 +432,7 @@ class EngineCore(UnitPlanning):
         check_engine(self)
 
     def clear_cache(self) -> None:
-        """Drop every cached point (no request may be bound)."""
+        """Drop every cached point (no request may be bound); a transaction still in flight
+        ends first."""
+        self.reuse.drive_transaction()
         self.reuse.clear()

@@ -92,7 +92,9 @@ def chat_frontend(tokenizer, config: EngineConfig):
 
 
 class Engine:
-    def __init__(self, config: EngineConfig | None = None, *, program=None, start: bool = True):
+    def __init__(self, config: EngineConfig | None = None, *, program=None, start: bool = True, cost_model=None):
+        """`cost_model`: a `ninfer_jax.program.calibrate.CostRates` to use instead of calibrating
+        at warm-up (SRC-3: it orders sources and picks the auto pause route, nothing else)."""
         self.config = config if config is not None else EngineConfig()
         t0 = time.perf_counter()
         if program is None:
@@ -102,6 +104,10 @@ class Engine:
                 print(f"[ninfer] loading {self.config.model} ({self.config.resolved_dtype})", file=sys.stderr)
             program = Program(self.config)
         self.program = program
+        if cost_model is not None:  # set before warm-up, which then measures nothing (SRC-3)
+            from ninfer_jax.program.calibrate import checked
+
+            program.cost_model = checked(cost_model)
         self.tokenizer = self._load_tokenizer()
         self.program.warmup()
         self.warmup_seconds = time.perf_counter() - t0
@@ -269,12 +275,14 @@ class Engine:
     # ---- observation -------------------------------------------------------------------
     def stats(self) -> dict:
         """OBS-1 counters (requests, prefill vs replay vs reused tokens, hits, transfers,
-        pauses and resumes by route, capacity errors, compilations) and gauges. Once the loop
+        pauses and resumes by route, capacity errors, compilations), gauges, and `cost_model`
+        (the source cost model's rates in seconds and where they came from). Once the loop
         is gone it answers from the last counters, plus `failed` and `failure` after a failure."""
         def snapshot():
             out = dict(self.core.counters)
             out.update(compilations=self.program.compilations, residents=len(self.core.residents),
-                       queued=len(self.core.fresh), warmup_seconds=self.warmup_seconds)
+                       queued=len(self.core.fresh), warmup_seconds=self.warmup_seconds,
+                       cost_model=self.core.reuse.rates.stats())  # SRC-3: the prices in use
             return out
         try:
             return self._call(snapshot)

@@ -39,19 +39,38 @@ def check_engine(core) -> None:
         for oid in writable:
             if state.objects[oid].host is not None:
                 raise err(f"{r.request_id} writes object {oid} in place but it keeps a Host replica")
-    # RES-5, SCH-7: only the recovery permit outlives a cycle, held by its resident holder.
+    # RES-5, SCH-7: only the recovery permit outlives a cycle, held by its resident holder —
+    # or, while a bind transaction is in flight, the permit it took with it (TXN-2).
+    txns = core.reuse.txns
+    txns.check()
+    txn = state.transaction
     holder = core.preempt.holder
     outstanding = set(state.permits)
+    if txn is not None and txn.permit_id is not None:
+        outstanding.discard(txn.permit_id)
     if holder is not None:
         if holder not in core.residents or holder.recovery_permit != state.recovery_permit:
             raise err(f"recovery holder {holder.request_id} is not resident with permit {state.recovery_permit}")
         outstanding.discard(holder.recovery_permit)
-    elif state.recovery_permit is not None:
+    elif state.recovery_permit is not None and (txn is None or txn.permit_id != state.recovery_permit):
         raise err(f"recovery permit {state.recovery_permit} has no holder")
     if outstanding:
         raise err(f"permits outstanding between cycles: {sorted(outstanding)}")
-    if len(core.residents) > core.c:
-        raise err(f"{len(core.residents)} residents for {core.c} lanes")
+    if len(core.residents) + txns.reserved_lanes() > core.c:
+        raise err(f"{len(core.residents)} residents and {txns.reserved_lanes()} binds in flight for {core.c} lanes")
+    # TXN-1/2: what waits for the transaction is still there, where it waits.
+    pending = txns._live()
+    if pending is not None and pending.request is not None:
+        where = {r.ticket: "queued" for r in core.fresh}
+        where.update({r.ticket: "paused" for r in core.preempt.paused})
+        want = "paused" if pending.kind == "pause" or pending.resume else "queued"
+        if where.get(pending.request) != want:
+            raise err(f"transaction {txn.generation} ({pending.kind}) waits for request {pending.request}, which is "
+                      f"{where.get(pending.request, 'gone')}, not {want}")
+    paused_tickets = {r.ticket for r in core.preempt.paused}
+    for ticket, snap, _ in txns.offloads:
+        if ticket not in paused_tickets:
+            raise err(f"a deferred offload for request {ticket}, which is not paused")
     paused = {r.ticket for r in core.preempt.paused}
     for r in core.preempt.paused:
         if r.bound is False or r.ticket not in core.reuse.cache.active or r in core.residents:

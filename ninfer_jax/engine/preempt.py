@@ -11,7 +11,8 @@ what it had computed is kept by one of two routes (PAUSE-2):
   Replay    nothing is kept; resuming binds the best source the cache has and recomputes up to
             the old frontier (`Request.computed`) before going on (PAUSE-5).
 `EngineConfig.pause_route` picks the route; "auto" compares the copy (D2H + H2D bytes) with the
-recomputation (tokens beyond the best cached source) by the cost model (SRC-3).
+recomputation (tokens beyond the best cached source) by the Program's calibrated cost model
+(`ContextCache.rates`, program/calibrate.py; SRC-3).
 
 Paused requests are their own set, ordered by original ticket, never mixed into fresh
 admission (SCH-6). A real capacity event — a finish, a cancel, a younger request's pause
@@ -31,6 +32,7 @@ import bisect
 
 import ledger
 from ninfer_jax.engine.request import PAUSED, Request
+from ninfer_jax.engine.transactions import WAIT_REASONS
 
 SNAPSHOT, REPLAY = "snapshot", "replay"
 
@@ -55,8 +57,8 @@ class Preemption:
 
     def pausable(self, exclude=()) -> list[Request]:
         """Residents that may be preempted, youngest first: never the recovery permit's holder
-        (SCH-5; transactions complete inside the call that starts them, so nothing is
-        materialising between cycles)."""
+        (SCH-5; a request whose bind is still in flight is not resident yet, so it is never
+        preempted while it materialises)."""
         return [r for r in reversed(self.core.residents) if r is not self.holder and r not in exclude]
 
     # ---- pause ---------------------------------------------------------------------------
@@ -74,11 +76,12 @@ class Preemption:
             o = state.objects[oid]
             if o.host is None and not any(h[0] == "seq" and h != req.key for h in o.holders):
                 nbytes += o.device.nbytes
-        cost = core.reuse.cost
         best = ledger.query_sources(state, core.reuse.cache, ledger.SourceQuery(
-            req.ticket, core._identity(req, req.fed)), cost)[0]
-        recompute = (req.fed - best.frontier) * cost.prefill_per_token
-        return SNAPSHOT if 2 * nbytes * cost.h2d_per_byte < recompute else REPLAY
+            req.ticket, core._identity(req, req.fed)), core.reuse.cost)[0]
+        # SRC-3: the calibrated prices: the copy out (D2H) and back (H2D) against recomputing
+        # what lies beyond the best cached source; the route changes time, never the tokens.
+        rates = core.reuse.rates
+        return SNAPSHOT if rates.copy_out_and_back_s(nbytes) < rates.recompute_s(req.fed - best.frontier) else REPLAY
 
     def pause(self, req: Request, route: str | None = None) -> None:
         """Pause a resident by Snapshot or Replay (G-5, PAUSE-1..4). The view is released,
@@ -122,7 +125,8 @@ class Preemption:
         recovery; with nothing resident there is no releaser to wait for, so it tries anyway
         (and gets the capacity contract error if even that fails, RES-6)."""
         core = self.core
-        if not self.paused or self.holder is not None:
+        txns = core.reuse.txns
+        if not self.paused or self.holder is not None or txns.recovering:  # SCH-7: one recovery at a time
             return
         if not (self.event or not core.residents):
             return
@@ -131,10 +135,12 @@ class Preemption:
         older = any(r.ticket < req.ticket for r in core.residents)
         why = ledger.Refusal("no_lane", None, "every lane is held")
         while True:
-            if len(core.residents) < core.c:
+            if core.free_lanes() > 0:
                 why = self._resume(req, take=not older)
-                if why is None:
-                    return
+                if why is None or why.reason in WAIT_REASONS:
+                    return  # bound, or waiting for a transfer: its end is the next event (SRC-5, SCH-9)
+            if txns.releases():
+                return  # a copy in flight frees capacity: wait for it rather than preempt more (SCH-9)
             victims = [] if older else [r for r in self.pausable() if r.ticket > req.ticket]
             if not victims:
                 break
@@ -142,12 +148,29 @@ class Preemption:
             # back from younger residents (their pause is not an event for it: it is acting).
             self.pause(victims[0])
             self.event = False
-        if not core.residents and self.paused and self.paused[0] is req:
+        if not core.residents and self.paused and self.paused[0] is req and not txns.busy:
             core._capacity_error(req, why)
 
-    def _resume(self, req: Request, take: bool) -> ledger.Refusal | None:
-        """Bind the paused request again (its Snapshot first) with the recovery permit; the
-        Refusal of the last candidate when it cannot be had."""
+    def resume_transferred(self, req: Request, permit: int | None) -> None:
+        """SCH-9: its recovery bind transaction was published: bind it now with the recovery
+        permit that transaction took (TXN-2); if that fails it waits for the next event."""
+        older = any(r.ticket < req.ticket for r in self.core.residents)
+        if self._resume(req, take=not older, permit=permit) is not None:
+            self.event = True
+
+    def offload_failed(self, ticket) -> None:
+        """A deferred Snapshot offload found no Host room (PAUSE-3): the snapshot goes and the
+        paused request resumes by Replay."""
+        self.core.reuse.revoke_snapshot(ticket)
+        self.core.counters["snapshot_fallbacks"] += 1
+        req = next((r for r in self.paused if r.ticket == ticket), None)
+        if req is not None:
+            req.paused_route = REPLAY
+
+    def _resume(self, req: Request, take: bool, permit: int | None = None) -> ledger.Refusal | None:
+        """Bind the paused request again (its Snapshot first) with the recovery permit (or the
+        one its bind transaction took, `permit`); the Refusal of the last candidate when it
+        cannot be had (a WAIT_REASONS one while its read-back is in flight)."""
         core = self.core
         snap = core.reuse.snapshot_of(req.ticket)
         if req.paused_route == SNAPSHOT and snap is None:
@@ -156,7 +179,8 @@ class Preemption:
         applicant = ledger.Applicant(ledger.ApplicantKind.NECESSARY, ticket=req.ticket)
         bound = core.reuse.bind(req.ticket, core._identity(req, len(req.target)), session=req.session,
                                 unit_end=lambda f: core._unit_end(req, max(f, req.computed)),
-                                ticket=req.ticket, resume=True, snapshot=snap, applicant=applicant, revoke=take)
+                                ticket=req.ticket, resume=True, snapshot=snap, applicant=applicant, revoke=take,
+                                permit=permit)
         if isinstance(bound, ledger.Refusal):
             return bound
         i = bisect.bisect_left(self._tickets, req.ticket)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-import time
 from typing import Iterator
 
 import ledger

@@ -16,6 +16,8 @@ import ledger
 from ledger import (MAIN_KV, Applicant, ApplicantKind, BindRequest, CacheResult, CaptureRequest, Gap, PointKind,
                     Refusal, SequenceView, SourceQuery, UnitDemand, UnitKind)
 from ledger.effects import CopyToDevice, CopyToHost
+from ninfer_jax.engine.transactions import Pending, Transactions
+from ninfer_jax.program import calibrate
 
 MAX_RETRIES = 4
 
@@ -46,7 +48,12 @@ class ContextCache:
         self.enabled = enabled
         self.execution = execution  # model, dtype, backend: state from elsewhere is never adopted (CKP-4)
         self.cache = ledger.empty_cache()
-        self.cost = ledger.CostModel()
+        self.txns = Transactions(self)  # the one context transaction, in flight across cycles (TXN-1, SCH-9)
+        # SRC-3: the Program's prices (calibrated at warm-up, injected, or the ledger's default
+        # for a Program that carries none), in seconds; they order sources, never decide what
+        # is recoverable. `rates` keeps what the ledger's CostModel has no field for (D2H).
+        self.rates = calibrate.rates_of(program)
+        self.cost = self.rates.ledger()
 
     # ---- plumbing ------------------------------------------------------------------------
     def identity(self, tokens: Sequence[int]) -> ledger.InputIdentity:
@@ -62,15 +69,14 @@ class ContextCache:
         self.program.commit(plan)
         if isinstance(res, CacheResult):
             self.cache = res.cache
+        if plan.kind != "begin_transfer":  # its caller names what waits for a transfer it begins
+            self.txns.adopt()  # RCL-7: a demotion a reclamation began inside this plan runs like any
 
     def drive_transaction(self) -> None:
-        """Run the one context transaction to its end (TXN-1). Copies are synchronous here, so
-        submit → complete → publish follow at once."""
-        t = self.program.state.transaction
-        if t is None:
-            return
-        for step in (ledger.plan_submit, ledger.plan_complete, ledger.plan_publish):
-            self.apply(step(self.program.state, t.generation))
+        """Run the one context transaction to its end now, waiting for its copies (TXN-1), with
+        its continuation: for callers that need the result at once (clear_cache, tests). The
+        cycle instead advances it at the SCH-9 points (engine/transactions.py)."""
+        self.txns.finish()
 
     def reclaim(self, pools: dict, protect=(), applicant: Applicant | None = None, *, revoke: bool = True) -> bool:
         """Meet a shortfall from optional cache (RCL-8 for necessary execution), State first.
@@ -83,6 +89,12 @@ class ContextCache:
             amount = pools[pool]
             if amount <= 0:
                 continue
+            if pool != ledger.HOST and applicant.demote and self.program.state.transaction is not None:
+                # SCH-9, TXN-1: while a transaction holds the one slot no demotion can start, so
+                # reclaiming now could only delete what a demotion would keep: the refused work
+                # waits for the transaction's end instead (`Transactions.releases`).
+                self.txns.reclaim_waits = True
+                continue
             gap = Gap(pool, amount)
             q = ledger.quote(self.program.state, self.cache, gap, applicant, protect)
             if not q.admitted and revoke:
@@ -93,7 +105,7 @@ class ContextCache:
             if isinstance(got, Refusal):
                 continue
             self.apply(got)
-            self.drive_transaction()
+            self.txns.adopt()  # RCL-7: a demotion is submitted and completes at a later SCH-9 point
             self.counters["reclaims"] += 1
             done = True
         return done
@@ -111,7 +123,8 @@ class ContextCache:
 
     # ---- admission: sources and bind -------------------------------------------------------
     def bind(self, request, ident: ledger.InputIdentity, *, session, unit_end, ticket: int, resume: bool,
-             snapshot: int | None = None, applicant: Applicant | None = None, revoke: bool = True) -> Bound | Refusal:
+             snapshot: int | None = None, applicant: Applicant | None = None, revoke: bool = True,
+             permit: int | None = None) -> Bound | Refusal:
         """Query sources for the tokens of `ident` and bind the best one that can be had
         (SRC-*, BIND-*). Returns the binding, or the last Refusal (nothing retired, SRC-4).
 
@@ -120,45 +133,78 @@ class ContextCache:
         paused request (`resume`) the rebuild to its old frontier plus its first real new unit,
         taken in one go as the recovery permit (RES-5). A paused request's own Snapshot is
         redeemed first, with no query (SRC-5). `applicant` and `revoke` bound what reclamation
-        may take for it (WAIT-2: fresh admission revokes only younger waiters; RD-3)."""
+        may take for it (WAIT-2: fresh admission revokes only younger waiters; RD-3).
+
+        A source with objects only on the Host starts the bind transaction (TXN-1/2, with the
+        recovery permit when resuming) and returns Refusal("transfer_pending"): the request
+        waits, and `bind` is called again with the transaction's `permit` once it is published
+        (engine/transactions.py). A source blocked by the running transaction, a read-back while
+        the one slot is taken, or a shortfall a transfer in flight will close is waited for
+        rather than given up for a worse source (SRC-5): Refusals in `WAIT_REASONS`."""
         query = SourceQuery(request, ident, session if self.enabled else None, snapshot=snapshot)
         cands = ledger.query_sources(self.program.state, self.cache, query, self.cost)
         last: Refusal = Refusal("no_source", None, "no candidate")
         page = ledger.PAGE_TOKENS
         kind = UnitKind.RECOVERY if resume else UnitKind.PREFILL
+        owner = ledger.seq_holder(request)
+        given = permit  # taken by this request's completed bind transaction (TXN-2)
+        short = False  # a better source already found no room to bind
+
+        def wait(reason: str, detail: str) -> Refusal:
+            if given is not None and given in self.program.state.permits:
+                self.program.commit(ledger.plan_settle(self.program.state, given, owner))
+            self.txns.waiters = True  # the transaction's end is this request's event
+            return Refusal(reason, None, detail)
+
         for cand in cands:
-            if cand.blocked:  # its object is in the running transaction; another candidate serves
-                continue
+            if cand.blocked:  # SRC-5: a valuable source blocked by in-flight work is waited for
+                txn = self.program.state.transaction
+                if resume and txn is not None and txn.owner == ("pause", request):
+                    # TXN-2: its own Snapshot's offload is not needed any more: cancelled, it
+                    # reverts when the copy ends and the content stays on Device.
+                    self.txns.cancel_for(request)
+                return wait("source_blocked", f"source {cand.cid} is in transaction {txn and txn.generation}")
             src = self.cache.checkpoints.get(cand.cid)
             protect = src.object_ids() if src is not None else ()  # the whole source stays (RCL-8)
             need = -(-unit_end(cand.frontier) // page) - -(-cand.frontier // page)
-            unit = UnitDemand(ledger.seq_holder(request), kind, {MAIN_KV: max(0, need)})
-            permit = None
+            unit = UnitDemand(owner, kind, {MAIN_KV: max(0, need)})
+            permit = given
             if cand.missing:  # a Host copy: bring it back to Device first (BIND-5, TXN-*)
+                if permit is not None:  # what the transaction brought back is gone again
+                    self.program.commit(ledger.plan_settle(self.program.state, permit, owner))
+                    given = permit = None
+                if short:
+                    # Its bind would need the room a better source just lacked, and bringing it
+                    # back takes more: no transfer (else two Host sources could evict each
+                    # other's read-back turn by turn). Sources already on Device are still tried.
+                    continue
+                if self.program.state.transaction is not None:  # TXN-1: one at a time
+                    return wait("transaction_busy", f"transaction {self.program.state.transaction.generation} runs")
                 # TXN-2: a paused-recovery bind takes the full recovery permit with its transfer.
-                with_permit = resume
-                t = self.retry(lambda c=cand: self._bind_transfer(request, c, unit if with_permit else None),
+                t = self.retry(lambda c=cand: self._bind_transfer(request, c, unit if resume else None),
                                protect, applicant, revoke)
                 if isinstance(t, Refusal):
+                    if t.reason == "transaction_busy" or (  # reclamation started a demotion for it
+                            t.reason == "shortfall" and t.shortfall and self.txns.releases(t.shortfall.pools)):
+                        return wait("waiting_release", f"a transfer in flight frees room: {t.detail}")
                     last = t
                     continue
-                self.apply(t)
-                if with_permit:
-                    permit = t.proof.permits[0]
-                self.drive_transaction()
-                cand = next((c for c in ledger.query_sources(self.program.state, self.cache, query, self.cost)
-                             if c.cid == cand.cid), None)
-                if cand is None or cand.missing:
-                    if permit is not None:
-                        self.program.commit(ledger.plan_settle(self.program.state, permit, unit.owner))
-                    continue
+                self.apply(t)  # destinations reserved, sources leased, the permit taken (TXN-1/2)
+                self.txns.started(Pending("bind", request, resume, t.proof.permits[0] if resume else None,
+                                          cand.cid))
+                return Refusal("transfer_pending", None, f"bind transaction {t.proof.generation} in flight")
             first = unit if permit is None else None
             got = self.retry(lambda c=cand: ledger.plan_bind(
                 self.program.state, self.cache,
                 BindRequest(request, c, session, first, ticket=ticket, resume=resume)), protect, applicant, revoke)
             if isinstance(got, Refusal):
+                if got.reason == "source_busy" or (
+                        got.reason == "shortfall" and got.shortfall and self.txns.releases(got.shortfall.pools)):
+                    return wait("waiting_release", got.detail)  # SRC-5: in flight, not gone
                 if permit is not None:
-                    self.program.commit(ledger.plan_settle(self.program.state, permit, unit.owner))
+                    self.program.commit(ledger.plan_settle(self.program.state, permit, owner))
+                    given = None
+                short = short or got.reason == "shortfall"
                 last = got
                 continue
             self.apply(got)
@@ -171,6 +217,8 @@ class ContextCache:
                 self.counters["cache_hits"] += 1
                 self.counters["reused_tokens"] += cand.frontier
             return Bound(cand.frontier, cand.takeover, view[1], tuple(pages), permit)
+        if given is not None and given in self.program.state.permits:
+            self.program.commit(ledger.plan_settle(self.program.state, given, owner))
         return last
 
     def _drop_stale_host(self, state_object: int, pages, frontier: int) -> None:
@@ -264,9 +312,18 @@ class ContextCache:
         Host replica to the Host arena and free its Device units (immutable pages other
         actives use stay shared; a safe duplicate Device replica is simply dropped). Room on
         Host may come from optional cache and later tickets' snapshots (RCL-10). Returns the
-        bytes copied, or None when the content cannot be placed (the caller turns to Replay)."""
+        bytes it copies, or None when the content cannot be placed (the caller turns to Replay).
+
+        The copy is one `pause` transaction, submitted here and completed at a later SCH-9
+        point (engine/transactions.py): the Device units are free once it is published. With
+        the slot taken (TXN-1) the offload is deferred to the next free point; the content
+        stays on Device until then."""
         state = self.program.state
         c = self.cache.checkpoints[snapshot]
+        if state.transaction is not None:
+            self.txns.defer_offload(request, snapshot, publication)
+            return sum(state.objects[o].device.nbytes for o in c.object_ids()
+                       if state.objects[o].device is not None and state.objects[o].host is None)
         move, dups = [], []
         for oid in c.object_ids():
             o = state.objects[oid]
@@ -293,14 +350,17 @@ class ContextCache:
                 r = ledger.plan_reclaim(self.program.state, self.cache, q)
                 if not isinstance(r, Refusal):
                     self.apply(r)
-                    self.drive_transaction()
+                    self.txns.adopt()
                     self.counters["reclaims"] += 1
                     got = ledger.plan_begin_transfer(self.program.state, req)
+                    if isinstance(got, Refusal) and got.reason == "transaction_busy":  # the reclamation's own demotion
+                        self.txns.defer_offload(request, snapshot, publication)
+                        return sum(self.program.state.objects[o].device.nbytes for o in move)
         if isinstance(got, Refusal):
             return None
         self.apply(got)
-        self.drive_transaction()
-        return sum(self.program.state.objects[o].host.nbytes for o in move if o in self.program.state.objects)
+        self.txns.started(Pending("pause", request))
+        return sum(j.dst.nbytes for j in self.program.state.transaction.jobs)
 
     def revoke_snapshot(self, request) -> None:
         """PAUSE-4: the snapshot's references go; the paused request turns to Replay."""

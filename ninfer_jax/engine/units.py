@@ -90,19 +90,25 @@ class UnitPlanning:
                 continue
             if refused and refused[0] is oldest:
                 # SCH-4: the oldest resident cannot progress: pause the youngest other resident
-                # that may be preempted and plan again at once (RES-4).
-                victims = self.preempt.pausable(exclude=(oldest,))
+                # that may be preempted and plan again at once (RES-4) — unless a copy in flight
+                # (a pause's offload, a demotion) frees what it lacks: then it waits for that
+                # rather than preempting more (SCH-9).
+                got = plan.proof.rows[rows.index(oldest)]
+                txns = self.reuse.txns
+                waiting = txns.releases(got.shortfall.pools if got.shortfall else ())
+                victims = [] if waiting else self.preempt.pausable(exclude=(oldest,))
                 if victims:
                     self.preempt.pause(victims[0])
                     if victims[0] is turn:
                         turn = self._prefill_turn()
                     reclaimed = False  # the pause changed what the cache may give up
                     continue
-                if holder is None:  # alone: no releaser exists (RES-6)
-                    self._capacity_error(oldest, plan.proof.rows[rows.index(oldest)])
+                if holder is None and not txns.busy:  # alone: no releaser exists (RES-6)
+                    self._capacity_error(oldest, got)
                     turn = self._prefill_turn()
                     continue
-                # the recovery holder holds its permit and will release: the oldest waits
+                # the recovery holder holds its permit, or a transfer in flight will release:
+                # the oldest waits
             self.program.commit(plan)
             out = {"decode": {}}
             granted = dict(zip(map(id, rows), plan.proof.rows))

@@ -10,7 +10,6 @@ Buckets: decode rows are padded to 1/2/4/8 (up to C); a prefill chunk is one row
 """
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from typing import NamedTuple, Sequence
@@ -23,11 +22,12 @@ import ledger
 from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
 from ninfer_jax.model.model import Model, lm_head, load_model
 from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+from ninfer_jax.program import calibrate
 from ninfer_jax.program.stores import ProgramStores
 from ninfer_jax.program.unit_pool import UnitPool
 
 DECODE_BUCKETS = (1, 2, 4, 8)
-STORE_BUCKET_UNITS = 64  # largest unit batch one plan moves that is warmed up (a page group)
+STORE_BUCKET_UNITS = 64  # a page group (HOST-3); the stores' movers are warmed for every bucket up to each pool's size
 
 
 class DecodeRow(NamedTuple):
@@ -53,6 +53,9 @@ def _print_shard(p) -> None:
 
 class Program:
     """Real model math on the device pools."""
+
+    # SRC-3: the source cost model, calibrated at the end of warm-up unless set before it.
+    cost_model: "calibrate.CostRates | None" = None
 
     def __init__(self, config: EngineConfig, model: Model | None = None, steps: CompiledSteps | None = None):
         """`model`: an already loaded model (else `config.model` is loaded in
@@ -93,7 +96,8 @@ class Program:
     # ---- facts ----------------------------------------------------------------------
     @property
     def compilations(self) -> int:
-        return len(self.steps.compilations)
+        """Executables built: the step buckets, plus every pool's byte movers (unit_pool.py)."""
+        return len(self.steps.compilations) + sum(len(p.compilations) for p in self.stores.pools.values())
 
     @property
     def state(self) -> ledger.LedgerState:
@@ -170,7 +174,10 @@ class Program:
                       jnp.full(b, -1, jnp.int32))
         self.hidden_logits(0)
         # The stores' byte movers (captures, copy-on-write, offload and read-back) compile per
-        # index bucket too: do it now, with moves that change nothing, so nothing compiles later.
+        # power-of-two index bucket too: every bucket up to each pool's size, compiled without
+        # running, so no read-back or bind of any size compiles mid-run (counted in compilations).
         for pool in self.stores.pools.values():
-            pool.warm_up(max_units=STORE_BUCKET_UNITS)
+            pool.warm_up()
         jax.block_until_ready(self.stores.pools[ledger.STATE_POOL].tree)
+        if self.cost_model is None:  # SRC-3: prices for source order and the pause route only
+            self.cost_model = calibrate.calibrate(self)

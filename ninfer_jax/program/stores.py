@@ -6,21 +6,30 @@ and hands them to `stores.commit(plan)`, which
   1. applies the plan to the current ledger state (`ledger.commit`): when the state moved on
      since the plan was made, every precondition is re-checked and a stale plan raises
      `ledger.StalePlan` with nothing applied;
-  2. moves the bytes the plan names (D2H, H2D, Device copy-on-write);
+  2. dispatches the byte moves the plan names (D2H, H2D, Device copy-on-write) without
+     waiting for them (program/transfers.py: one host copy each way);
   3. installs the new ledger state.
 Effects only write to destinations the old state does not expose (pending transfer
 destinations, freshly allocated units), so a device error in step 2 leaves the old state
 valid; it goes to the engine's failure cleanup (TXN-2).
+
+Copies in flight (TXN-1, SCH-9): the copies of a transaction's `submit` carry its generation;
+`poll()` lands what is ready, `copies_done(generation)` says whether the transaction's copies
+have all landed, and committing its `complete` first lands whatever is left (waiting: the
+ledger must never hear "done" before the bytes are there). A plan's own effects (a capture
+to Host, a fork read from Host) are complete in the ledger at once; their bytes land at the
+next poll, and the arena's guard lands them first if anyone reads or reuses the region sooner.
+Device-side order needs nothing: JAX orders every later step on a pool after the copies
+dispatched on it, and a donated buffer is reused only after its readers ran.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 import ledger
 from ledger import CopyToDevice, CopyToHost, CopyUnit, LedgerConfig, LedgerState, Plan
 from ninfer_jax.program.host_arena import HostArenaBuffer
+from ninfer_jax.program.transfers import Transfers
 from ninfer_jax.program.unit_pool import UnitPool
 
 
@@ -32,6 +41,8 @@ class ProgramStores:
                 raise ValueError(f"duplicate pool id {p.pool_id!r}")
             self.pools[p.pool_id] = p
         self.arena = HostArenaBuffer(host_capacity_bytes)
+        self.transfers = Transfers(self.arena)
+        self._generation = None  # the transaction whose submit is being run (its copies' tag)
         self.config = LedgerConfig(tuple(p.spec() for p in pools), host_capacity_bytes).validate()
         self._state = ledger.initial_state(self.config)
 
@@ -42,13 +53,31 @@ class ProgramStores:
     def commit(self, plan: Plan) -> LedgerState:
         """Apply a plan in one step (see module doc). Returns the new ledger state."""
         new = ledger.commit(self._state, plan)  # StalePlan: nothing applied, nothing moved
+        if plan.kind == "complete" and plan.proof.generation is not None:
+            self.transfers.finish(plan.proof.generation)  # TXN-2: the real copy ended first
         if plan.effects:
-            self._run(plan.effects)
+            self._generation = plan.proof.generation if plan.kind == "submit" else None
+            try:
+                self._run(plan.effects)
+            finally:
+                self._generation = None
         self._state = new
         return new
 
+    # ---- copies in flight (module doc) ---------------------------------------------------
+    def poll(self, tick: bool = True) -> int:
+        """Land the copies that are ready; never waits."""
+        return self.transfers.poll(tick)
+
+    def copies_done(self, generation: int) -> bool:
+        return self.transfers.done(generation)
+
+    def wait(self, generation: int | None = None) -> None:
+        """Land that transaction's copies (None: every copy), waiting for them."""
+        self.transfers.finish(generation)
+
     def _run(self, effects) -> None:
-        # Batch consecutive effects of one kind and pool: one gather or scatter per batch.
+        # Batch consecutive effects of one kind and pool: one transfer per batch.
         i = 0
         while i < len(effects):
             e = effects[i]
@@ -57,13 +86,15 @@ class ProgramStores:
                 j += 1
             batch = effects[i:j]
             pool = self.pools[e.pool]
-            if isinstance(e, CopyToHost):
-                data = pool.read_units([x.unit for x in batch])
-                for row, x in zip(data, batch):
-                    self.arena.write(x.offset, row)
-            elif isinstance(e, CopyToDevice):
-                data = np.stack([self.arena.read(x.offset, x.nbytes) for x in batch])
-                pool.write_units([x.unit for x in batch], data)
+            if isinstance(e, (CopyToHost, CopyToDevice)):
+                bad = [x for x in batch if x.nbytes != pool.unit_bytes]
+                if bad:
+                    raise ValueError(f"pool {e.pool!r}: copies of {bad[0].nbytes} B, its units are {pool.unit_bytes} B")
+                units, offsets = [x.unit for x in batch], [x.offset for x in batch]
+                if isinstance(e, CopyToHost):
+                    self.transfers.d2h(pool, units, offsets, self._generation)
+                else:
+                    self.transfers.h2d(pool, units, offsets, self._generation)
             elif isinstance(e, CopyUnit):
                 pool.copy_units([x.src for x in batch], [x.dst for x in batch])
             else:

@@ -3,7 +3,9 @@
 Same interface as `ninfer_jax.program.Program`, so the same engine loop (scheduler, permits,
 allocation, settlement, sampling, streaming) replays many thousands of requests in seconds.
 Pools are one byte per unit; logits are a cheap deterministic function of (token, position),
-so outputs are reproducible; time is modelled (`sim_seconds`) rather than measured.
+so outputs are reproducible; time is modelled (`sim_seconds`: steps and copies) rather than
+measured, and the source cost model the engine orders sources by is derived from the same
+model (`CostModel.rates`, SRC-3) instead of being calibrated.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import ledger
 from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
 from ninfer_jax.model import builtin
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.program import calibrate
 from ninfer_jax.program.program import DecodeRow, decode_buckets
 from ninfer_jax.program.stores import ProgramStores
 from ninfer_jax.program.unit_pool import UnitPool
@@ -24,32 +27,77 @@ from ninfer_jax.program.unit_pool import UnitPool
 
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds per step: a fixed launch cost plus a per-token (prefill) or per-row (decode) part."""
+    """Seconds per step: a fixed launch cost plus a per-token (prefill) or per-row (decode)
+    part; and the copy rates of the byte movements plans ask for (bytes per second, of the
+    ledger's bytes: one per unit here), charged to the modelled clock."""
 
     prefill_fixed: float = 2e-3
     prefill_per_token: float = 2e-5
     decode_fixed: float = 1e-3
     decode_per_row: float = 1e-4
+    h2d_bytes_per_s: float = 25e9  # pinned Host -> Device over PCIe Gen5 x16, in practice
+    d2h_bytes_per_s: float = 25e9
+    d2d_bytes_per_s: float = 1e12  # a Device copy reads and writes HBM
+
+    def rates(self, chunk_size: int) -> calibrate.CostRates:
+        """The source cost model a calibration would measure on this Program (SRC-3): the
+        modelled chunk time over its tokens and the modelled copy rates, so sources are ordered
+        and pause routes chosen as a device with these rates would."""
+        return calibrate.sim_rates(self.prefill_fixed, self.prefill_per_token, chunk_size, self.h2d_bytes_per_s,
+                                   self.d2h_bytes_per_s, self.d2d_bytes_per_s)
+
+
+class _SizedPool:
+    """A pool the ledger sees at the model's unit size; it keeps no bytes."""
+
+    def __init__(self, pool_id: str, kind: str, capacity: int, unit_bytes: int, page_tokens: int = 0):
+        self.pool_id, self.unit_bytes = pool_id, unit_bytes
+        self._spec = ledger.PoolSpec(pool_id, kind, capacity, unit_bytes, page_tokens)
+
+    def spec(self) -> ledger.PoolSpec:
+        return self._spec
+
+
+class _LedgerOnlyStores(ProgramStores):
+    """The real ledger over `_SizedPool`s: plans commit and are checked as usual; the byte
+    effects are only timed (by the Program), since nothing here ever reads bytes back."""
+
+    def _run(self, effects) -> None:
+        pass
 
 
 class SimProgram:
-    def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None, cost: CostModel = CostModel()):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None, cost: CostModel = CostModel(),
+                 *, model_bytes: bool = False):
+        """`model_bytes`: the ledger sees the model's real unit sizes (a Main KV page, a
+        StateImage, so Host capacity and transfers are in real bytes) and no bytes are stored;
+        by default every unit is one byte and moved for real."""
         self.config = config
         cfg = model_config if model_config is not None else builtin.config()
         # "auto" on the sim's model config: the built-in model is float32; a bf16 checkpoint's own
         # dtype is read only when the sim is given that checkpoint's config (its folder).
         self.dtype = config.dtype if config.dtype != "auto" else (
             config.resolved_dtype if model_config is not None and not config.model.startswith("builtin:") else "float32")
-        self.capacity: Capacity = resolve_capacity(config, cfg, 2 if self.dtype == "bfloat16" else 4)
-        self.stores = ProgramStores(
-            [UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, jnp.zeros((self.capacity.kv_pages, 1), jnp.uint8), 64),
-             UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, jnp.zeros((self.capacity.state_slots, 1), jnp.uint8))],
-            self.capacity.host_capacity_bytes)
+        itemsize = 2 if self.dtype == "bfloat16" else 4
+        self.capacity: Capacity = resolve_capacity(config, cfg, itemsize)
+        if model_bytes:
+            self.stores = _LedgerOnlyStores(
+                [_SizedPool(ledger.MAIN_KV, ledger.KV_PAGES, self.capacity.kv_pages,
+                            cfg.kv_bytes_per_token(itemsize) * ledger.PAGE_TOKENS, ledger.PAGE_TOKENS),
+                 _SizedPool(ledger.STATE_POOL, ledger.STATE_SLOTS, self.capacity.state_slots,
+                            cfg.state_image_bytes(itemsize))],
+                self.capacity.host_capacity_bytes)
+        else:
+            self.stores = ProgramStores(
+                [UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, jnp.zeros((self.capacity.kv_pages, 1), jnp.uint8), 64),
+                 UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, jnp.zeros((self.capacity.state_slots, 1), jnp.uint8))],
+                self.capacity.host_capacity_bytes)
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = tuple(cfg.eos_token_id)
         self.chunk_size = config.chunk_size
         self.decode_buckets = decode_buckets(config.max_concurrency)
         self.cost = cost
+        self.cost_model = cost.rates(self.chunk_size)  # SRC-3: what the engine's ledger calls use
         self.sim_seconds = 0.0
         self.compilations = 0
         self.execution_tag = f"sim|{config.model}|{self.dtype}"
@@ -59,7 +107,15 @@ class SimProgram:
         return self.stores.state
 
     def commit(self, plan) -> ledger.LedgerState:
-        return self.stores.commit(plan)
+        state = self.stores.commit(plan)
+        for e in plan.effects:  # the copies take modelled time, at the rates the sources are priced by
+            if isinstance(e, ledger.CopyToHost):
+                self.sim_seconds += e.nbytes / self.cost.d2h_bytes_per_s
+            elif isinstance(e, ledger.CopyToDevice):
+                self.sim_seconds += e.nbytes / self.cost.h2d_bytes_per_s
+            elif isinstance(e, ledger.CopyUnit):
+                self.sim_seconds += self.stores.pools[e.pool].unit_bytes / self.cost.d2d_bytes_per_s
+        return state
 
     def check_integrity(self) -> ledger.Recount:
         return self.stores.check_integrity()
