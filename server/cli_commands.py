@@ -184,22 +184,32 @@ def generate_remote(server: str, prompt: str | Sequence[int], sampling: dict | N
     `[ninfer] RequestError: field: why`); 1 when the server refused or did not answer (one
     line); 130 on Ctrl-C. Waits up to `wait_s` seconds for the server to finish warming up
     (not counted in `timeout`, the call's deadline)."""
-    from server.client import ClientRequestError, generate_request
+    from server.client import generate_request
+
+    return _remote(server, token, wait_s, lambda: generate_request(prompt, sampling=sampling),
+                   lambda client: _stream_turn(lambda: client.generate_stream(prompt, sampling=sampling,
+                                                                              timeout=timeout), server)[0])
+
+
+def _remote(server: str, token: str | None, wait_s: float, check: Callable[[], Any],
+            run: Callable[[Any], int]) -> int:
+    """The remote commands' frame: `check()` refuses bad input before connecting (2), then the
+    client waits up to `wait_s` for SERVING and `run(client)` makes the call; 130 on Ctrl-C."""
+    from server.client import ClientRequestError
 
     try:
-        generate_request(prompt, sampling=sampling)  # refuse bad input before connecting
+        check()
         client = _connect(server, token)
     except ClientRequestError as exc:
         return _refused(exc)
     with client:
         try:
             code = _wait_serving(client, server, wait_s)
+            return code if code is not None else run(client)
         except KeyboardInterrupt:
+            print(file=sys.stderr)
             _say("interrupted")
             return 130
-        if code is not None:
-            return code
-        return _stream_turn(lambda: client.generate_stream(prompt, sampling=sampling, timeout=timeout), server)[0]
 
 
 def parse_messages(text: str | None, prompt: str) -> list[dict]:
@@ -227,27 +237,15 @@ def chat_remote(server: str, messages: list[dict], sampling: dict | None, *, ses
     appends the assistant message as the server parsed it (content, reasoning, tool calls), all
     under one session (`session`, default `cli-<pid>`); per turn one stderr line with its usage.
     Exit codes and waiting as `generate_remote`; a conversation stops at the first failed turn."""
-    from server.client import ClientRequestError, chat_request
+    from server.client import chat_request
 
-    try:
-        chat_request(messages, sampling=sampling, session=session)  # refuse bad input before connecting
-        client = _connect(server, token)
-    except ClientRequestError as exc:
-        return _refused(exc)
-    with client:
-        try:
-            code = _wait_serving(client, server, wait_s)
-            if code is not None:
-                return code
-            if turns is None:
-                return _stream_turn(lambda: client.chat_stream(messages, sampling=sampling, session=session,
-                                                               timeout=timeout), server)[0]
-            return _conversation(client, server, messages, sampling, session or f"cli-{os.getpid()}", timeout,
-                                 turns)
-        except KeyboardInterrupt:
-            print(file=sys.stderr)
-            _say("interrupted")
-            return 130
+    def run(client) -> int:
+        if turns is None:
+            return _stream_turn(lambda: client.chat_stream(messages, sampling=sampling, session=session,
+                                                           timeout=timeout), server)[0]
+        return _conversation(client, server, messages, sampling, session or f"cli-{os.getpid()}", timeout, turns)
+
+    return _remote(server, token, wait_s, lambda: chat_request(messages, sampling=sampling, session=session), run)
 
 
 def _conversation(client, server: str, messages: list[dict], sampling, session: str, timeout, turns) -> int:
