@@ -489,16 +489,7 @@ def _demotions(state, cache, gap, applicant, protect, facts) -> list:
     # few candidates only, which keeps the action set finite and the quote bounded.
     pending.sort(key=lambda x: (x[0], x[1], x[2].cid))
     for tier, demand, c, group, holders in pending[:MAX_VICTIM_DEMOTIONS]:
-        need = host.HostAllocation(unit * len(group), len(group)) if spec.kind == KV_PAGES \
-            else host.HostAllocation(unit)
-        wb = Applicant(ApplicantKind.WRITEBACK, budget=facts.loss(frozenset((c.cid,))),
-                       demand_time=c.demand_time, tier=tier, demote=False)
-        if applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK):
-            # RCL-12: Host victims must satisfy both the migration source's and the outer
-            # optional write's rights, and the outer write's remaining budget.
-            both_demand = min(wb.demand_time, applicant.demand_time) if wb.demand_time and applicant.demand_time else 0
-            budget = wb.budget if applicant.demand_time else min(wb.budget, applicant.budget)
-            wb = wb._replace(budget=budget, demand_time=both_demand, tier=min(wb.tier, applicant.tier))
+        need, wb = demotion_writeback(spec, c, group, tier, applicant, facts)
         q = _quote(state, cache, Gap(HOST, need.size, (need,)), wb, protect | set(group), facts)
         if not q.admitted:
             continue
@@ -614,6 +605,22 @@ def _admissible(a: Action, ap: Applicant) -> bool:
     if ap.demand_time:  # own repeated demand: normal content, or reuse content older than it
         return a.tier == Tier.NORMAL or a.demand_time < ap.demand_time
     return a.tier <= ap.tier  # the owner's tier bounds what a cold capture may replace
+
+
+def demotion_writeback(spec, c: Checkpoint, group, tier: int, applicant: Applicant, facts) -> tuple:
+    """The Host allocation a demotion of `group` needs, and the write-back applicant that quotes
+    Host victims for it with the kept content's own rights (RCL-10, RCL-12)."""
+    unit = spec.unit_bytes
+    need = host.HostAllocation(unit * len(group), len(group)) if spec.kind == KV_PAGES else host.HostAllocation(unit)
+    wb = Applicant(ApplicantKind.WRITEBACK, budget=facts.loss(frozenset((c.cid,))),
+                   demand_time=c.demand_time, tier=tier, demote=False)
+    if applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK):
+        # RCL-12: Host victims must satisfy both the migration source's and the outer optional
+        # write's rights, and the outer write's remaining budget.
+        both = min(wb.demand_time, applicant.demand_time) if wb.demand_time and applicant.demand_time else 0
+        budget = wb.budget if applicant.demand_time else min(wb.budget, applicant.budget)
+        wb = wb._replace(budget=budget, demand_time=both, tier=min(wb.tier, applicant.tier))
+    return need, wb
 
 
 def freed_holders(freed: dict) -> tuple[frozenset, tuple]:

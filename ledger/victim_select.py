@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import heapq
 
-from ledger import arena as host
 from ledger import extents as ex
 from ledger import reclaim as rc
 from ledger import victims as vx
 from ledger.cache_state import Tier
 from ledger.reclaim import Action, Applicant, ApplicantKind, Gap, Quote, _Facts
-from ledger.state import DEVICE, HOST, KV_PAGES
+from ledger.state import DEVICE, HOST
 
 
 class QuoteFacts:
@@ -325,18 +324,10 @@ class _Select:
                 break
         state, cache, facts, ap = self.state, self.cache, self.facts, self.ap
         spec = state.pool(self.pool).spec
-        unit = spec.unit_bytes
         for tier, demand, c, group in found:
             self.facts.hot(c, frozenset())  # the reference ranks it (and reads its tier) before quoting
             holders = frozenset(h for oid in group for h in state.objects[oid].holders)
-            need = host.HostAllocation(unit * len(group), len(group)) if spec.kind == KV_PAGES \
-                else host.HostAllocation(unit)
-            wb = Applicant(ApplicantKind.WRITEBACK, budget=facts.loss(frozenset((c.cid,))),
-                           demand_time=c.demand_time, tier=tier, demote=False)
-            if ap.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK):
-                both_demand = min(wb.demand_time, ap.demand_time) if wb.demand_time and ap.demand_time else 0
-                budget = wb.budget if ap.demand_time else min(wb.budget, ap.budget)
-                wb = wb._replace(budget=budget, demand_time=both_demand, tier=min(wb.tier, ap.tier))
+            need, wb = rc.demotion_writeback(spec, c, group, tier, ap, facts)
             q = _host_quote(state, cache, self.vi, Gap(HOST, need.size, (need,)), wb, self.protect | set(group),
                             frozenset(), facts)
             if not q.admitted:
