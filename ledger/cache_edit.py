@@ -290,22 +290,14 @@ def _deps_set(deps, key, value):
 
 
 def aliases(cache: CacheState, c: Checkpoint) -> list:
-    """Indexed checkpoints with exactly c's identity (c itself included when indexed). Points
-    of one index bucket share their full blocks' digest; most differ in their last token, so
-    that is compared first (then the whole identity, CKP-4)."""
+    """Indexed checkpoints with exactly c's identity (c itself included when indexed): the
+    index files them under the same tokens; the whole identity is then compared (CKP-4)."""
     ident = c.identity
-    got = cache.index.get(px.key_of(ident), ())
     cps = cache.checkpoints
-    toks = ident.tokens
-    n = len(toks)
-    last = toks[-1] if n else None
     out = []
-    for a in got:
+    for a in px.same(cache.index, ident):
         d = cps.get(a)
-        if d is None:
-            continue
-        di = d.identity
-        if di is ident or (len(di.tokens) == n and (not n or di.tokens[-1] == last) and di == ident):
+        if d is not None and (d.identity is ident or d.identity == ident):
             out.append(a)
     return out
 
@@ -314,24 +306,18 @@ def deepest_prefix_cid(cache: CacheState, ident, exclude: int = 0, strict: bool 
     """The deepest indexed checkpoint (not `exclude`) that is an exact prefix of `ident`
     (with `strict`, strictly shorter): the index key narrows by digest, then tokens, media,
     positions and execution are compared (CKP-4). Ties at one frontier: the lowest id. 0: root."""
-    index, cps = cache.index, cache.checkpoints
+    cps = cache.checkpoints
     toks, n = ident.tokens, len(ident.tokens)
     lim = n - 1 if strict else n
-    keys = [(0, b"")] + [(k, d) for k, d in enumerate(ident.blocks, 1)]
-    for key in reversed(keys):  # deepest block first: a verified hit there beats shallower ones
-        got = index.get(key)
-        if not got:
-            continue
-        best, best_cid = -1, 0
+    for m, got in px.deepest(cache.index, ident, lim):  # deepest first: a verified hit beats shallower ones
+        best_cid = 0
         for cid in got:
-            if cid == exclude:
+            if cid == exclude or (best_cid and cid > best_cid):
                 continue
             d = cps[cid].identity
-            m = len(d.tokens)
-            if m <= lim and (m > best or (m == best and cid < best_cid)) and d.execution == ident.execution \
-                    and d.tokens == toks[:m] and d.position_scheme == ident.position_scheme \
+            if d.execution == ident.execution and d.tokens == toks[:m] and d.position_scheme == ident.position_scheme \
                     and d.media == tuple(x for x in ident.media if x[0] < m):
-                best, best_cid = m, cid
+                best_cid = cid
         if best_cid:
             return best_cid
     return 0

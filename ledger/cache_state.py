@@ -173,7 +173,7 @@ class CacheState(NamedTuple):
     records: immutables.Map  # rid -> ContinuationRecord
     shared: immutables.Map  # sid -> SharedEntry
     checkpoints: immutables.Map  # cid -> Checkpoint
-    index: immutables.Map  # prefix index: (block count, last block digest) -> frozenset of cids
+    index: immutables.Map  # prefix index (ledger/prefix_index.py): blocks -> tail length -> tail -> cids
     waiters: immutables.Map  # request -> WaitRef
     active: immutables.Map  # request -> ActiveUse
     sessions: immutables.Map  # session -> rid

@@ -114,8 +114,11 @@ def _state_destination(e: Edit, view: SequenceView, cid: int, budget: int, owner
     if owner_tier == Tier.REUSE and owner is not None and owner in ev.beyond_target(e.state, e.cache):
         owner_tier = Tier.NORMAL
     applicant = rc.Applicant(rc.ApplicantKind.CAPTURE, budget=budget, demand_time=demand, tier=owner_tier)
+    facts = None
     for gap in (rc.Gap(pool, 1), rc.Gap(HOST, e.state.pool(pool).spec.unit_bytes)):
-        q = rc.quote(e.state, e.cache, gap, applicant, protect=(view.state,))
+        if facts is None or not facts.valid_for(e.state, e.cache):
+            facts = rc.quote_facts(e.state, e.cache)  # RCL-2: the State and Host gaps share them
+        q = facts.quote(gap, applicant, protect=(view.state,))
         if not q.admitted:
             continue
         m = e.mark()
@@ -216,7 +219,7 @@ def plan_capture(state: LedgerState, cache: CacheState, req: CaptureRequest) -> 
 def _capture_shared(e: Edit, view: SequenceView, ident, kv, state_oid, demand, req):
     from ledger import prefix_index as px
 
-    for cid in px.candidates(e.cache.index, ident):
+    for cid in px.same(e.cache.index, ident):
         c = e.cache.checkpoints[cid]
         if c.kind == PointKind.SHARED and c.identity == ident:
             e.note("shared_exists", cid)

@@ -88,7 +88,7 @@ def _promote_points_at(cache: CacheState, ident: InputIdentity, now: int) -> Cac
     demand time as its own (RCL-9)."""
     from ledger import prefix_index as px
 
-    for cid in tuple(px.candidates(cache.index, ident)):
+    for cid in tuple(px.same(cache.index, ident)):
         c = cache.checkpoints[cid]
         if c.identity == ident:
             cache = cache._replace(checkpoints=cache.checkpoints.set(cid, c._replace(demand_time=now)))

@@ -25,7 +25,6 @@ from ledger import prefix_index as px
 from ledger.cache_edit import CacheResult, Edit, aliases
 from ledger.cache_state import CacheState, Checkpoint, PointKind, Tier, indexed
 from ledger.errors import InvalidRequest
-from ledger.identity import BLOCK
 from ledger.objects import plan_drop_replica
 from ledger.plan import Refusal
 from ledger.state import DEVICE, HOST, HOST_MEDIUM, KV_PAGES, LedgerState, TxnKind
@@ -160,7 +159,7 @@ class _Facts:
         together are not each other's fallback)."""
         cache = self.cache
         fb, cps = cache.fallback, cache.checkpoints
-        if indexed(c) and len(cache.index.get(px.key_of(c.identity), ())) > 1 \
+        if indexed(c) and len(px.same(cache.index, c.identity)) > 1 \
                 and any(a != c.cid and a not in gone for a in aliases(cache, c)):
             return c.frontier  # a surviving alias at the same position: nothing is lost
         f = fb.get(c.cid, 0)
@@ -188,11 +187,8 @@ class _Facts:
             (cid,) = cids
             cache = self.cache
             c = cache.checkpoints[cid]
-            ident = c.identity
-            n = len(ident.tokens)
-            k = n // BLOCK
-            key = (k, ident.blocks[k - 1]) if k else (0, b"")
-            if len(cache.index.get(key, ())) > 1 or c.owner[0] not in ("rec", "shared"):
+            n = len(c.identity.tokens)
+            if len(px.same(cache.index, c.identity)) > 1 or c.owner[0] not in ("rec", "shared"):
                 return n - self.fallback(c, cids)
             f = cache.fallback.get(cid, 0)
             return n - (len(cache.checkpoints[f].identity.tokens) if f else 0)
@@ -733,10 +729,11 @@ def _drop_unneeded_device(chosen: list, amount: int) -> list:
     return chosen
 
 
-def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
+def _select_host(state, cache, gap, applicant, ok, excluded, order=None) -> Quote:
     """HOST-1/2: duplicates first; then actions that make the request fit before those that
     only add bytes; benefit capped by the byte gap (or the largest allocation when bytes
-    suffice but nothing fits); drop what is no longer needed; nothing if it cannot fit."""
+    suffice but nothing fits); drop what is no longer needed; nothing if it cannot fit.
+    `order(rank, cap)`, when given, returns `ok` sorted by `rank` (a caller's shared sort)."""
     arena = state.arena
     allocs = list(gap.allocations) or [host.HostAllocation(gap.amount)]
     need = sum(a.size for a in allocs)
@@ -746,13 +743,13 @@ def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
     cap = byte_gap or max(a.size for a in allocs)
     budgeted = applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and not applicant.demand_time
 
-    def key(a):
-        fits_alone = host.fits(arena, allocs, a.offsets)
+    def key(a):  # the rank but for "fits alone", which is placed in front by `_fits_first`
         useful = min(a.frees, cap) or 1
         base = _rank_key(a, cap)
-        return (a.kind != "drop_replica", base[:2], not fits_alone, base[2], a.loss / useful, base[3:])
+        return (a.kind != "drop_replica", base[:2]), (base[2], a.loss / useful, base[3:])
 
-    ranked = sorted(ok, key=key)
+    ordered = sorted(ok, key=key) if order is None else order(key, cap)
+    ranked = _fits_first(ordered, key, lambda a: host.fits(arena, allocs, a.offsets))
     chosen, offsets, loss = [], {}, 0
     batch = _Batch(state, cache)
     for a in ranked:
@@ -771,14 +768,64 @@ def _select_host(state, cache, gap, applicant, ok, excluded) -> Quote:
         if host.fits(arena, allocs, list(offsets)):
             break
     else:  # HOST-2: delete nothing
-        return Quote(gap, applicant, Ranking(tuple(ranked), excluded), (), 0, 0, False, state, cache)
+        return Quote(gap, applicant, ranked.ranking(excluded), (), 0, 0, False, state, cache)
     for a in reversed(list(chosen)):  # HOST-2: drop actions no longer needed
         rest = [b for b in chosen if b is not a]
         if host.fits(arena, allocs, list({o: None for b in rest for o in b.offsets})):
             chosen = rest
     freed = sum(arena.used[o] for o in {o: None for b in chosen for o in b.offsets})
-    return Quote(gap, applicant, Ranking(tuple(ranked), excluded), tuple(chosen), freed, sum(a.loss for a in chosen),
+    return Quote(gap, applicant, ranked.ranking(excluded), tuple(chosen), freed, sum(a.loss for a in chosen),
                  True, state, cache)
+
+
+class _fits_first:
+    """HOST-2's order over actions sorted by every other part of the rank: within each class
+    (duplicates, then deletions by revocation rung) the actions that let the request fit alone
+    come first. "Fits alone" is a first-fit placement test on the arena, the costly part of a
+    Host quote, so it is evaluated only for the actions the selection reads: a fitting action
+    is yielded as soon as it is met (nothing unread in its class can rank before it), the others
+    wait until their class is exhausted. `ranking()` completes the full order on demand."""
+
+    def __init__(self, ordered: list, key, fits):
+        self.ordered, self.key, self.fits = ordered, key, fits
+        self.out: list = []  # the order as far as it was read
+        self._gen = self._walk()
+
+    def _walk(self):
+        i, n, key, ordered = 0, len(self.ordered), self.key, self.ordered
+        while i < n:
+            cls, later = key(ordered[i])[0], []
+            while i < n and key(ordered[i])[0] == cls:
+                a = ordered[i]
+                i += 1
+                if self.fits(a):
+                    self.out.append(a)
+                    yield a
+                else:
+                    later.append(a)
+            for a in later:
+                self.out.append(a)
+                yield a
+
+    def __iter__(self):
+        yield from self.out
+        yield from self._gen
+
+    def ranking(self, excluded: int) -> "_LazyHostRanking":
+        return _LazyHostRanking(self, excluded)
+
+
+class _LazyHostRanking:
+    """`Ranking` of a Host quote, completed (every placement test run) only when read."""
+
+    def __init__(self, order: _fits_first, excluded: int):
+        self._order, self.excluded = order, excluded
+
+    @property
+    def actions(self) -> tuple:
+        for _ in self._order._gen:
+            pass
+        return tuple(self._order.out)
 
 
 def _check_args(state, gap, applicant) -> None:

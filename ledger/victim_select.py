@@ -43,12 +43,13 @@ class QuoteFacts:
     revoking re-quote (WAIT-2), a capture's State then Host gaps. Void once either changes
     (`valid_for`); permissions stay per applicant."""
 
-    __slots__ = ("state", "cache", "vi", "_cold")
+    __slots__ = ("state", "cache", "vi", "_cold", "host_memo")
 
     def __init__(self, state, cache):
         self.state, self.cache = state, cache
         self.vi = vx.sync(cache.victims, state, cache) if cache.victims is not None else None
         self._cold = None
+        self.host_memo: dict = {}  # the Host-resident actions, per holder rights (`_host_quote`)
 
     def valid_for(self, state, cache) -> bool:
         return state is self.state and cache is self.cache
@@ -74,6 +75,7 @@ def quote_fast(state, cache, gap: Gap, applicant: Applicant, protect: frozenset,
         shared = QuoteFacts(state, cache)
     vi, cold = shared.vi, shared.cold
     facts = _Facts(state, cache, cold_source=cold)
+    facts.host_memo = shared.host_memo
     if gap.pool == HOST:
         q = _host_quote(state, cache, vi, gap, applicant, protect, keep, facts)
         # the listing order of `actions` is the full walk's (an arena that fits lists them unranked)
@@ -92,15 +94,40 @@ def quote_fast(state, cache, gap: Gap, applicant: Applicant, protect: frozenset,
 
 # -- Host gaps ---------------------------------------------------------------------------------
 def _host_quote(state, cache, vi, gap, applicant, protect, keep, facts) -> Quote:
-    """HOST-1/2 over the listed objects with a complete Host replica (not every checkpoint)."""
-    actions, excluded = rc._enumerate(state, cache, gap, applicant, protect, facts, keep, candidates=vi.hosted.keys())
-    ok = []
-    for a in actions:
-        if rc._admissible(a, applicant):
-            ok.append(a)
-        else:
-            excluded += 1
-    return rc._select_host(state, cache, gap, applicant, ok, excluded)
+    """HOST-1/2 over the listed objects with a complete Host replica (not every checkpoint).
+
+    The action set does not depend on the gap, only on the applicant's rights over holders
+    (WAIT-2, PAUSE-4) and on what it protects among those objects: the quotes on one pair of
+    states (the Host victims of several demotions, RCL-5) enumerate it once (`host_memo`),
+    remembering whether it read the HEAT-4 segment (recorded as `Quote.cold`)."""
+    memo = getattr(facts, "host_memo", None)
+    hosted = vi.hosted
+    key = (applicant.kind, applicant.revoke_waiters, applicant.fresh, applicant.ticket,
+           frozenset(o for o in protect if o in hosted), frozenset(o for o in keep if o in hosted))
+    got = memo.get(key) if memo is not None else None
+    if got is None:
+        saved, facts._cold = facts._cold, None
+        actions, excluded = rc._enumerate(state, cache, gap, applicant, protect, facts, keep, candidates=hosted.keys())
+        got = (actions, excluded, facts._cold is not None)
+        facts._cold = saved if saved is not None else facts._cold
+        if memo is not None:
+            memo[key] = got
+    elif got[2] and facts._cold is None:
+        facts._cold = facts.cold  # the enumeration read the segment: this quote did too
+    actions, excluded = got[0], got[1]
+    admissible = rc._admissible
+    ok = [a for a in actions if admissible(a, applicant)]
+    excluded += len(actions) - len(ok)
+
+    def order(rank, cap):  # the whole set sorted once per useful-amount cap; admissible kept in order
+        k = (key, cap)
+        ranked = memo.get(k) if memo is not None else None
+        if ranked is None:
+            ranked = sorted(actions, key=rank)
+            if memo is not None:
+                memo[k] = ranked
+        return ranked if len(ok) == len(actions) else [a for a in ranked if admissible(a, applicant)]
+    return rc._select_host(state, cache, gap, applicant, ok, excluded, order)
 
 
 # -- Device gaps -------------------------------------------------------------------------------
@@ -201,6 +228,21 @@ class _Select:
             if reach < g or (cold and cps[cid].owner in cold):
                 continue
             yield (0, 0, 1, demand, 0, True, (cid,)), "d", cid
+
+    def _listed_demotion(self, cid) -> bool:
+        """Would `_src_dn`/`_src_dr` (or `_cold_actions`, which offers it itself) list this
+        demotion candidate for this applicant?"""
+        d = self.vi.dem.get((self.pool, cid))
+        if d is None or d[1] is None:
+            return False
+        name, (demand, _, reach) = d[1]
+        if name == "dn":
+            return reach >= self.g
+        if self.cold and self.cache.checkpoints[cid].owner in self.cold:
+            return False  # offered among the cold actions
+        ap = self.ap
+        lim = ap.demand_time if ap.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and ap.demand_time else None
+        return self._reuse_ok() and reach >= self.g and (lim is None or demand < lim)
 
     # -- exact evaluation --
     def _x_action(self, oid):
@@ -306,11 +348,13 @@ class _Select:
             return
         cps, cold = self.cache.checkpoints, self.cold
         g = self.g
-        normal = [(d, cid) for d, cid, r in self.po.dn.scan(lambda agg: agg >= g) if r >= g]
-        normal += [(d, cid) for d, cid, r in self.po.dr if r >= g and cold and cps[cid].owner in cold]
-        normal.sort()
-        reuse = [(d, cid) for d, cid, r in self.po.dr.scan(lambda agg: agg >= g)
-                 if r >= g and not (cold and cps[cid].owner in cold)]
+        # read lazily, oldest first: only the first few candidates are quoted
+        normal = ((d, cid) for d, cid, r in self.po.dn.scan(lambda agg: agg >= g) if r >= g)
+        if cold:
+            normal = heapq.merge(normal, sorted((d, cid) for d, cid, r in self.po.dr
+                                                if r >= g and cps[cid].owner in cold))
+        reuse = ((d, cid) for d, cid, r in self.po.dr.scan(lambda agg: agg >= g)
+                 if r >= g and not (cold and cps[cid].owner in cold))
         found = []
         fu = self._units_free()
         for tier, seq in ((Tier.NORMAL, normal), (Tier.REUSE, reuse)):
@@ -432,7 +476,13 @@ class _Select:
         sources = [self._src_x()] + [self._src_n(b, o) for b, o in self.po.n.items()]
         if self._reuse_ok():
             sources.append(self._src_r())
-        if self.demote:
+        if self.demote and self._units_free() == 0:
+            # No demotion places as it is (HOST-1): only the few quoted with Host victims exist
+            # (RCL-5), so the candidates are not walked.
+            for cid, a in self.pending.items():
+                if self._listed_demotion(cid):
+                    offer(a, 1)
+        elif self.demote:
             sources.append(self._src_dn())
             if self._reuse_ok():
                 sources.append(self._src_dr())

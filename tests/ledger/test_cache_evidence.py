@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ledger.evidence as ev
+from ledger import prefix_index as px
 from cache_helpers import L, capture, compute, end, make, points, served, start, toks
 
 INPUT, END = L.PointKind.INPUT, L.PointKind.END
@@ -39,7 +40,7 @@ def test_wait1_waiting_allocates_nothing_adds_no_heat_and_outlives_the_directory
     assert inp.cid not in sim.cache.records[sim.cache.active["b"].rid].points()  # retired by its owner ...
     assert sim.cache.checkpoints[inp.cid].owner == ("wait", "w")  # ... kept intact for the waiter
     assert all(L.wait_holder("w") in sim.state.objects[o].holders for o in inp.object_ids())
-    assert inp.cid not in {c for cids in sim.cache.index.values() for c in cids}  # no new public entry
+    assert inp.cid not in {c for _, cids in px.entries(sim.cache.index) for c in cids}  # no new public entry
     assert all(c.cid != inp.cid for c in served(sim, toks(150) + [1], req="other"))
 
 
