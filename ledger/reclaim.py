@@ -733,12 +733,13 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None) -> Quot
     """HOST-1/2: duplicates first; then actions that make the request fit before those that
     only add bytes; benefit capped by the byte gap (or the largest allocation when bytes
     suffice but nothing fits); drop what is no longer needed; nothing if it cannot fit.
-    `order(rank, cap)`, when given, returns `ok` sorted by `rank` (a caller's shared sort)."""
+    `order(rank, cap)`, when given, yields the admissible actions in `rank` order instead of
+    `ok` (the victim order's lazy walk, ledger/victim_select.py)."""
     arena = state.arena
     allocs = list(gap.allocations) or [host.HostAllocation(gap.amount)]
     need = sum(a.size for a in allocs)
     if host.fits(arena, allocs):
-        return Quote(gap, applicant, Ranking(tuple(ok), excluded), (), 0, 0, True, state, cache)
+        return Quote(gap, applicant, Ranking(tuple(ok or ()), excluded), (), 0, 0, True, state, cache)
     byte_gap = max(0, need - arena.free_bytes)
     cap = byte_gap or max(a.size for a in allocs)
     budgeted = applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and not applicant.demand_time
@@ -749,7 +750,11 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None) -> Quot
         return (a.kind != "drop_replica", base[:2]), (base[2], a.loss / useful, base[3:])
 
     ordered = sorted(ok, key=key) if order is None else order(key, cap)
-    ranked = _fits_first(ordered, key, lambda a: host.fits(arena, allocs, a.offsets))
+    short = need - arena.free_bytes
+
+    def fits(a):  # a cheap exact "no" first: the bytes it frees do not cover what is missing
+        return sum(arena.used[o] for o in a.offsets) >= short and host.fits(arena, allocs, a.offsets)
+    ranked = _fits_first(ordered, key, fits)
     chosen, offsets, loss = [], {}, 0
     batch = _Batch(state, cache)
     for a in ranked:
@@ -786,26 +791,26 @@ class _fits_first:
     is yielded as soon as it is met (nothing unread in its class can rank before it), the others
     wait until their class is exhausted. `ranking()` completes the full order on demand."""
 
-    def __init__(self, ordered: list, key, fits):
-        self.ordered, self.key, self.fits = ordered, key, fits
+    def __init__(self, ordered, key, fits):
+        self.ordered, self.key, self.fits = ordered, key, fits  # `ordered`: any iterable, read once
         self.out: list = []  # the order as far as it was read
         self._gen = self._walk()
 
     def _walk(self):
-        i, n, key, ordered = 0, len(self.ordered), self.key, self.ordered
-        while i < n:
-            cls, later = key(ordered[i])[0], []
-            while i < n and key(ordered[i])[0] == cls:
-                a = ordered[i]
-                i += 1
-                if self.fits(a):
-                    self.out.append(a)
-                    yield a
-                else:
-                    later.append(a)
-            for a in later:
-                self.out.append(a)
+        key, out, cls, later = self.key, self.out, None, []
+        for a in self.ordered:
+            c = key(a)[0]
+            if c != cls:
+                out.extend(later)
+                yield from later
+                cls, later = c, []
+            if self.fits(a):
+                out.append(a)
                 yield a
+            else:
+                later.append(a)
+        out.extend(later)
+        yield from later
 
     def __iter__(self):
         yield from self.out

@@ -43,13 +43,12 @@ class QuoteFacts:
     revoking re-quote (WAIT-2), a capture's State then Host gaps. Void once either changes
     (`valid_for`); permissions stay per applicant."""
 
-    __slots__ = ("state", "cache", "vi", "_cold", "host_memo")
+    __slots__ = ("state", "cache", "vi", "_cold")
 
     def __init__(self, state, cache):
         self.state, self.cache = state, cache
         self.vi = vx.sync(cache.victims, state, cache) if cache.victims is not None else None
         self._cold = None
-        self.host_memo: dict = {}  # the Host-resident actions, per holder rights (`_host_quote`)
 
     def valid_for(self, state, cache) -> bool:
         return state is self.state and cache is self.cache
@@ -75,7 +74,6 @@ def quote_fast(state, cache, gap: Gap, applicant: Applicant, protect: frozenset,
         shared = QuoteFacts(state, cache)
     vi, cold = shared.vi, shared.cold
     facts = _Facts(state, cache, cold_source=cold)
-    facts.host_memo = shared.host_memo
     if gap.pool == HOST:
         q = _host_quote(state, cache, vi, gap, applicant, protect, keep, facts)
         # the listing order of `actions` is the full walk's (an arena that fits lists them unranked)
@@ -94,40 +92,180 @@ def quote_fast(state, cache, gap: Gap, applicant: Applicant, protect: frozenset,
 
 # -- Host gaps ---------------------------------------------------------------------------------
 def _host_quote(state, cache, vi, gap, applicant, protect, keep, facts) -> Quote:
-    """HOST-1/2 over the listed objects with a complete Host replica (not every checkpoint).
+    """HOST-1/2 through the Host order: the reference's selection (`reclaim._select_host`) fed
+    with the Host-resident actions in rank order, produced lazily (`_HostRanked`)."""
+    ranked = _HostRanked(state, cache, vi, applicant, protect, keep, facts)
+    q = rc._select_host(state, cache, gap, applicant, None, 0, ranked.order)
+    ranked.record_cold()
+    return q
 
-    The action set does not depend on the gap, only on the applicant's rights over holders
-    (WAIT-2, PAUSE-4) and on what it protects among those objects: the quotes on one pair of
-    states (the Host victims of several demotions, RCL-5) enumerate it once (`host_memo`),
-    remembering whether it read the HEAT-4 segment (recorded as `Quote.cold`)."""
-    memo = getattr(facts, "host_memo", None)
-    hosted = vi.hosted
-    key = (applicant.kind, applicant.revoke_waiters, applicant.fresh, applicant.ticket,
-           frozenset(o for o in protect if o in hosted), frozenset(o for o in keep if o in hosted))
-    got = memo.get(key) if memo is not None else None
-    if got is None:
-        saved, facts._cold = facts._cold, None
-        actions, excluded = rc._enumerate(state, cache, gap, applicant, protect, facts, keep, candidates=hosted.keys())
-        got = (actions, excluded, facts._cold is not None)
-        facts._cold = saved if saved is not None else facts._cold
-        if memo is not None:
-            memo[key] = got
-    elif got[2] and facts._cold is None:
-        facts._cold = facts.cold  # the enumeration read the segment: this quote did too
-    actions, excluded = got[0], got[1]
-    admissible = rc._admissible
-    ok = [a for a in actions if admissible(a, applicant)]
-    excluded += len(actions) - len(ok)
 
-    def order(rank, cap):  # the whole set sorted once per useful-amount cap; admissible kept in order
-        k = (key, cap)
-        ranked = memo.get(k) if memo is not None else None
-        if ranked is None:
-            ranked = sorted(actions, key=rank)
-            if memo is not None:
-                memo[k] = ranked
-        return ranked if len(ok) == len(actions) else [a for a in ranked if admissible(a, applicant)]
-    return rc._select_host(state, cache, gap, applicant, ok, excluded, order)
+class _HostRanked:
+    """The admissible Host-resident actions of one Host quote, in HOST-2 rank order but for
+    "fits alone" (which `reclaim._fits_first` puts in front while reading):
+
+    1. duplicate replicas (HOST-1), by object id: the pools' `x` orders merged;
+    2. deletions revoking nothing: the Host order `hord` (ordinary holder sets, keyed by a lower
+       bound: stored tier, loss over the useful amount's cap — the true useful amount is at most
+       the cap, and what the ledger adds only removes objects) merged with the exact actions of
+       the few applicant-dependent groups (waiters, pause snapshots: WAIT-2, PAUSE-4) and of the
+       owners beyond the soft target (HEAT-4, ranked as normal content);
+    3. revoking deletions, by rung (SCH-4).
+
+    A taken entry is evaluated exactly by the reference's own enumeration on that group's
+    objects (and its subgroups', RCL-1), so actions equal the full walk's."""
+
+    def __init__(self, state, cache, vi, applicant, protect, keep, facts):
+        self.state, self.cache, self.vi = state, cache, vi
+        self.ap, self.protect, self.keep, self.facts = applicant, protect, keep, facts
+        self.cold = facts._cold_source or frozenset()
+
+    # -- objects --
+    def _host_only(self, hs) -> list:
+        """Listed objects of holder set `hs` (every pool) with a complete Host replica only."""
+        objects, out = self.state.objects, []
+        for p in self.vi.pools:
+            g = self.vi.groups.get((p, hs))
+            if g is None:
+                continue
+            for oid in g.members:
+                o = objects.get(oid)
+                if o is not None and o.host is not None and o.host.complete and not (
+                        o.device is not None and o.device.complete):
+                    out.append(oid)
+        return out
+
+    def _subsets(self, hs):
+        """Holder sets strictly within `hs` that hold objects of some pool (RCL-1: they go with it)."""
+        vi, seen = self.vi, set()
+        for p in vi.pools:
+            for h in hs:
+                if h[0] != "ckpt":
+                    continue
+                for s in vi.gidx.get((p, h[1]), ()):
+                    if s not in seen and s != hs and s <= hs:
+                        seen.add(s)
+                        yield s
+            if vx._width(hs) > vx.BIG:
+                for s in vi.big.get(p, ()):
+                    if s not in seen and s != hs and s <= hs:
+                        seen.add(s)
+                        yield s
+
+    def _actions(self, sets) -> list:
+        """The reference's Host actions (`reclaim._enumerate`) over these holder sets' Host-only
+        objects and their subgroups'."""
+        cands = {}
+        for hs in sets:
+            for oid in self._host_only(hs):
+                cands[oid] = None
+            if vx._width(hs) > 1:
+                for sub in self._subsets(hs):
+                    for oid in self._host_only(sub):
+                        cands[oid] = None
+        if not cands:
+            return []
+        actions, _ = rc._enumerate(self.state, self.cache, Gap(HOST, 1), self.ap, self.protect, self.facts,
+                                   self.keep, candidates=cands.keys())
+        return [a for a in actions if a.kind == "delete"]
+
+    def _exact(self, cids: tuple):
+        hs = frozenset(("ckpt", c) for c in cids)
+        for a in self._actions((hs,)):
+            if a.cids == cids and not a.waiters:
+                return a
+        return None
+
+    def _special(self) -> list:
+        vi, cache = self.vi, self.cache
+        sets = {hs for p in vi.pools for hs in vi.special.get(p, ())}
+        if not sets:
+            return []
+        out = []
+        for a in self._actions(sets):
+            hs = frozenset(("ckpt", c) for c in a.cids) | frozenset(("wait", w) for w in a.waiters)
+            if a.waiters or vx.is_special(cache, hs):
+                out.append(a)
+        return out
+
+    def _cold_actions(self) -> list:
+        vi, cold, out, seen = self.vi, self.cold, [], set()
+        for owner in cold:
+            _, _, points = vx.owner_status(self.cache, owner)
+            for pt in points:
+                h = ("ckpt", pt)
+                for p in vi.pools:
+                    for hs in list(vi.gidx.get((p, pt), ())) + [w for w in vi.big.get(p, ()) if h in w]:
+                        it = vi.hitems.get(hs)
+                        if hs in seen or it is None or not it[1] or not it[1] <= cold:
+                            continue
+                        seen.add(hs)
+                        a = self._exact(it[0][3])
+                        if a is not None:
+                            out.append(a)
+        return out
+
+    def _dups(self):
+        objects, protect, keep = self.state.objects, self.protect, self.keep
+        for (oid,) in heapq.merge(*(self.vi.orders[p].x for p in self.vi.pools)):
+            o = objects.get(oid)
+            if o is None or o.leases or o.host is None or not o.host.complete or o.device is None \
+                    or not o.device.complete or (oid in protect and oid not in keep):
+                continue
+            yield Action("drop_replica", (), (oid,), o.host.nbytes, (o.host.location,), 0, Tier.NORMAL, 0,
+                         o.holders, (), rc.HOST_MEDIUM)
+
+    # -- the order --
+    def order(self, rank, cap):
+        ap, admissible = self.ap, rc._admissible
+        yield from self._dups()
+        ready, revoking, seq = [], [], 0
+        for a in self._special() + self._cold_actions():
+            if admissible(a, ap):
+                if a.revokes:
+                    revoking.append(a)
+                else:
+                    heapq.heappush(ready, (rank(a)[1], seq, a))
+                    seq += 1
+        cold, hitems = self.cold, self.vi.hitems
+        stream = iter(self.vi.hord)
+        head = next(stream, None)
+        while True:
+            while head is not None and (not ready or ready[0][0] >= (head[0], head[1] / cap)):
+                tier, loss, demand, cids = head
+                head = next(stream, None)
+                if tier == Tier.REUSE and cold:
+                    hot = hitems[frozenset(("ckpt", c) for c in cids)][1]
+                    if hot and hot <= cold:
+                        continue  # ranked as normal content among the cold actions (HEAT-4)
+                a = self._exact(cids)
+                if a is not None and admissible(a, ap):
+                    heapq.heappush(ready, (rank(a)[1], seq, a))
+                    seq += 1
+            if not ready:
+                break
+            yield heapq.heappop(ready)[2]
+        revoking.sort(key=rank)
+        yield from revoking
+
+    def record_cold(self) -> None:
+        """HEAT-4: the full enumeration reads the soft-target owners when it ranks a point of a
+        reuse-tier owner; record that read (`Quote.cold`) when the lazy walk did not meet one."""
+        facts = self.facts
+        if facts._cold is not None or not self.cold:
+            return
+        for hs in self.vi.hreuse.keys():
+            if self._actions_exist(hs):
+                facts._cold = facts.cold
+                return
+
+    def _actions_exist(self, hs) -> bool:
+        objects, protect, keep = self.state.objects, self.protect, self.keep
+        for oid in self._host_only(hs):
+            o = objects[oid]
+            if not o.leases and oid not in protect and oid not in keep and o.holders == hs:
+                return True
+        return False
 
 
 # -- Device gaps -------------------------------------------------------------------------------

@@ -134,6 +134,11 @@ class VictimIndex(NamedTuple):
     sl: immutables.Map  # cid -> its loss deleted alone (RCL-5): large groups' loss bound
     walk: immutables.Map  # oid -> the points listing it in demotion walk order (when two or more)
     heat: Heat
+    # Host gaps (HOST-1/2): ordinary holder sets with Host-only listed objects (any pool)
+    hlive: immutables.Map = _EMPTY  # holder set -> its listed objects with a complete Host replica only
+    hitems: immutables.Map = _EMPTY  # holder set -> (order item, hot owners, has a reuse-tier owner)
+    hord: PSorted = _EMPTY_SORTED  # (stored tier, loss, demand, cids): a bound of the Host rank
+    hreuse: immutables.Map = _EMPTY  # holder sets with a reuse-tier owner (a quote's HEAT-4 read)
     pending: tuple = ()  # cache changes not yet applied: (holders, cids, owners, pools) batches (`sync`)
 
 
@@ -234,6 +239,29 @@ def group_key(cache, facts, hs, live: int, frees: int, sl=None) -> tuple[tuple, 
     if hot:
         return (("r", (demand, cids, loss)),), frozenset(hot)
     return ((("n", min(frees, WIDE)), (loss, demand, cids, frees)),), _NONE
+
+
+def host_key(cache, facts, hs, sl) -> tuple:
+    """The Host order item of an ordinary holder set, its hot owners and whether a point of it
+    has a reuse-tier owner. The item is a lower bound of the HOST-2 rank of its deletion: the
+    stored tier (no owner beyond the soft target), the loss (RCL-5; for more than BIG points the
+    sum of their own losses), the demand; a quote divides the loss by the useful amount's cap."""
+    cids = _cids(hs)
+    cps = cache.checkpoints
+    reuse = any(owner_status(cache, cps[c].owner)[0] for c in cids)
+    if len(cids) > BIG:
+        return (Tier.NORMAL, sum(sl.get(c) or 0 for c in cids), 0, cids), _NONE, reuse
+    gone = frozenset(cids)
+    hot, demand = set(), 0
+    for cid in cids:
+        c = cps[cid]
+        h, t = facts.hot(c, gone)
+        if h:
+            hot.add(c.owner)
+        if t > demand:
+            demand = t
+    loss = sl[cids[0]] if len(cids) == 1 and sl.get(cids[0]) is not None else facts.loss(gone)
+    return (Tier.REUSE if hot else Tier.NORMAL, loss, demand, cids), frozenset(hot), reuse
 
 
 def dem_key(cache, facts, cid: int, reach: int) -> tuple:
@@ -338,6 +366,8 @@ class _Work:
         self.dem = _Lazy(vi.dem)
         self.hosted = _Lazy(vi.hosted)
         self.walk = _Lazy(vi.walk)
+        self.hl = _Lazy(vi.hlive)
+        self.hdirty: set = set()  # holder sets whose Host-only count moved
         self._aheads: dict = {}
         self.gw: dict = {}  # (pool, hs) -> [members (set), live, old live]
         self.dirty_groups: set = set()
@@ -409,6 +439,13 @@ class _Work:
                 self.hosted[oid] = None
             else:
                 del self.hosted[oid]
+            if d != 2:  # Host-only: what deleting its holders frees on Host (HOST-2)
+                n = self.hl.get(hs, 0) + sign
+                if n:
+                    self.hl[hs] = n
+                else:
+                    del self.hl[hs]
+                self.hdirty.add(hs)
         if d and not h:
             for t in hs:
                 if t[0] == "ckpt":
@@ -765,6 +802,29 @@ class _Work:
                 del self.dem[k]
             else:
                 self.dem[k] = (n, want)
+        # 5b. the Host order: holder sets whose Host-only count or point facts moved
+        hitems, hreuse, hl = _Lazy(vi.hitems), _Lazy(vi.hreuse), self.hl
+        h_rm, h_add = [], []
+        for hs in (self.hdirty | {k[1] for k in self.dirty_groups}) if cache is not None else ():
+            old = hitems.get(hs)
+            new = None
+            if hl.get(hs, 0) > 0 and not any(groups.get((p, hs)) is not None and groups[(p, hs)].special
+                                              for p in vi.pools):
+                new = host_key(cache, facts, hs, sl)
+            if new == old:
+                continue
+            if old is not None:
+                h_rm.append(old[0])
+            if new is not None:
+                h_add.append(new[0])
+                hitems[hs] = new
+            else:
+                del hitems[hs]
+            if new is not None and new[2]:
+                hreuse[hs] = None
+            elif hs in hreuse:
+                del hreuse[hs]
+        hord = vi.hord.update(h_rm, h_add) if h_rm or h_add else vi.hord
         # 6. assemble
         orders = vi.orders
         if self.ord or self.held:
@@ -814,7 +874,7 @@ class _Work:
             heat = heat._replace(billed=self.billed.finish())
         return VictimIndex(vi.pools, self.xrep, self.oh.finish(), self.opool.finish(), groups.finish(),
                            gidx.finish(), big_map, sp_map, orders, self.dem.finish(), self.hosted.finish(),
-                           sl.finish(), self.walk.finish(), heat)
+                           sl.finish(), self.walk.finish(), heat, hl.finish(), hitems.finish(), hord, hreuse.finish())
 
 
 def _width(hs) -> int:
@@ -917,6 +977,7 @@ def build(state, cache) -> VictimIndex:
     xs: dict = {p: [] for p in pools}
     held = dict.fromkeys(pools, 0)
     hosted = {}
+    hlive: dict = {}
     dem: dict = {}
     for oid, hs in oh.items():
         hs = frozenset(hs)
@@ -935,6 +996,8 @@ def build(state, cache) -> VictimIndex:
                 xs[pool].append((oid,))
         if h == 2:
             hosted[oid] = None
+            if d != 2:
+                hlive[hs] = hlive.get(hs, 0) + 1
         if d and not h:
             for t in hs:
                 if t[0] == "ckpt":
@@ -999,6 +1062,7 @@ def build(state, cache) -> VictimIndex:
         orders[p] = PoolOrder(immutables.Map(buckets), from_sorted(sorted(ls["r"]), _agg_r),
                               from_sorted(sorted(ls["dn"]), _agg_d),
                               from_sorted(sorted(ls["dr"]), _agg_d), from_sorted(sorted(xs[p])), held[p])
+    hitems = {hs: host_key(cache, facts, hs, sl) for hs in hlive if not is_special(cache, hs)}
     # HEAT-4: owners newest real demand first, each object billed to the first that holds it
     owners = []
     for r in cache.records.values():
@@ -1028,7 +1092,9 @@ def build(state, cache) -> VictimIndex:
                        immutables.Map({p: frozenset(v) for p, v in big.items() if v}),
                        immutables.Map({p: frozenset(v) for p, v in special.items() if v}), immutables.Map(orders),
                        immutables.Map(dem_out), immutables.Map(hosted), immutables.Map(sl), immutables.Map(walk),
-                       heat)
+                       heat, immutables.Map(hlive), immutables.Map(hitems),
+                       from_sorted(sorted(it[0] for it in hitems.values())),
+                       immutables.Map({hs: None for hs, it in hitems.items() if it[2]}))
 
 
 def compare(got: VictimIndex, want: VictimIndex) -> list[str]:
@@ -1036,7 +1102,8 @@ def compare(got: VictimIndex, want: VictimIndex) -> list[str]:
     errs = []
     if got.pools != want.pools:
         errs.append(f"victim index pools {got.pools} != {want.pools}")
-    for name in ("oh", "opool", "gidx", "big", "special", "dem", "hosted", "sl", "walk"):
+    for name in ("oh", "opool", "gidx", "big", "special", "dem", "hosted", "sl", "walk", "hlive", "hitems",
+                 "hreuse"):
         a, b = getattr(got, name), getattr(want, name)
         if a != b:
             keys = sorted(map(repr, {k for k in set(a.keys()) | set(b.keys()) if a.get(k) != b.get(k)}))
@@ -1057,6 +1124,8 @@ def compare(got: VictimIndex, want: VictimIndex) -> list[str]:
                 y = {k: v for k, v in y.items() if len(v)}
             if x != y:
                 errs.append(f"victim order {p!r}.{name}: kept {x!r} != ranked from scratch {y!r}")
+    if got.hord != want.hord:
+        errs.append(f"Host victim order: kept {list(got.hord)[:4]} != ranked from scratch {list(want.hord)[:4]}")
     if got.heat.owners != want.heat.owners or got.heat.seg != want.heat.seg:
         errs.append(f"reuse segment differs: kept {list(got.heat.seg)[:4]} != {list(want.heat.seg)[:4]}")
     if got.heat.billed != want.heat.billed:

@@ -21,7 +21,10 @@ Figures:
   a capture's budgeted State gap; reuse-tier owners present, some content on Host, active
   writers sharing pages; GC left as the engine runs it), the same mix by full enumeration
   (`reclaim_quote_reference_us_*`, up to `--reference-max` checkpoints; `reference_matches`),
-  `host_quote_us_p50` (a Host gap: ranked over the Host-resident objects), `source_select_us_p50`,
+  `full_host_quote_us_p50/_p99` (the same mix with a full Host arena: demotions need Host
+  victims; `full_host_reference_matches` up to `--reference-max`),
+  `host_quote_us_p50/_p99` (a Host gap one StateImage block short: through the Host order),
+  `host_resident_objects`, `source_select_us_p50`,
   `cycle_us_p50` (a cycle's permits on that ledger) and `build_s`.
 Progress goes to stderr; the CLI prints the returned dict.
 """
@@ -237,7 +240,7 @@ def _bench_cache(args) -> dict:
             "reclaim_quote_reference_us_p50": round(statistics.median(ref), 1)}
 
 
-def _scale_state(n_ckpts: int, seed: int):
+def _scale_state(n_ckpts: int, seed: int, host_room: int = 16):
     """About `n_ckpts` checkpoints as the engine leaves them: system prompts (two 64-token pages,
     a shared entry each, SH-1) forked by ~30 records each; every record an E over its own page
     (BIND-3: the prompt's pages shared), every other one an input point R inside E's last page;
@@ -253,11 +256,12 @@ def _scale_state(n_ckpts: int, seed: int):
     slot, page = 4096, 1024
     n_states = n_rec + (n_rec + 1) // 2 + n_prefix
     n_host = max(2, (n_states - n_prefix) // 10)
-    # The Host arena holds those replicas and 16 StateImages more: Device demotions of up to
-    # 16 StateImages (64 pages) place as they are; a Host gap needs victims (HOST-1/2).
+    # The Host arena holds those replicas and `host_room` StateImages more: with 16, Device
+    # demotions of up to 16 StateImages (64 pages) place as they are; with 0 (a full arena, the
+    # steady state of a long run) every demotion needs Host victims (RCL-5, HOST-1/2).
     cfg = L.LedgerConfig((L.PoolSpec(L.MAIN_KV, L.KV_PAGES, 2 * n_prefix + n_rec + 4096, page, 64),
                           L.PoolSpec(L.STATE_POOL, L.STATE_SLOTS, n_states + 1024, slot)),
-                         (n_host + 16) * slot)
+                         (n_host + host_room) * slot)
     s, c = L.initial_state(cfg), L.empty_cache()
     e = Edit(s, c, bulk=True)
     prefix_toks, prefix_pages = [], []
@@ -373,16 +377,22 @@ def _scaling_entry(n: int, args) -> dict:
                    speedup_p50=round(statistics.median(ref) / max(statistics.median(us), 1e-3), 1))
     else:
         out["reclaim_quote_reference"] = f"skipped above --reference-max {args.reference_max} (seconds per quote)"
+    out.update(_full_host(n, args))
     hq = []
     hosted = len(c.victims.hosted)
     slot = s.pool(L.STATE_POOL).spec.unit_bytes
     need = tuple(L.HostAllocation(slot) for _ in range(s.arena.free_bytes // slot + 1))  # one block short
-    for i in range(min(8 if hosted < 500 else 3, args.scale_quotes)):  # O(Host objects) each: few at scale
+    for i in range(min(50, args.scale_quotes)):
         t0 = clock()
         hqt = L.quote(s, c, L.Gap(L.HOST, slot * len(need), need), L.Applicant(L.ApplicantKind.NECESSARY))
         hq.append((clock() - t0) / 1e3)
     assert hqt.admitted
-    out.update(host_quote_us_p50=round(statistics.median(hq), 1), host_resident_objects=hosted)
+    out.update(host_quote_us_p50=round(statistics.median(hq), 1), host_quote_us_p99=round(_pct(hq, 0.99), 1),
+               host_resident_objects=hosted)
+    if n <= args.reference_max:
+        gap = L.Gap(L.HOST, slot * len(need), need)
+        r = L.quote_reference(s, c, gap, L.Applicant(L.ApplicantKind.NECESSARY))
+        out["host_reference_matches"] = r.chosen == hqt.chosen and r.admitted == hqt.admitted
     cost = L.CostModel()
     sel = []
     for _ in range(200):
@@ -401,6 +411,31 @@ def _scaling_entry(n: int, args) -> dict:
         del s2
     out["cycle_us_p50"] = round(statistics.median(cyc), 1)
     out["build_s"] = round(build_s, 1)
+    return out
+
+
+def _full_host(n: int, args) -> dict:
+    """The same mix on the same cache with a full Host arena: each Device quote with demotions
+    considered also quotes Host victims for the oldest few demotion candidates (RCL-5)."""
+    rng = random.Random(args.seed + n)
+    s, c, _ = _scale_state(n, args.seed, host_room=0)
+    gc.collect()
+    mix = _quote_mix(s, c, rng, max(8, args.scale_quotes // 4))
+    clock, us, demoted = time.perf_counter_ns, [], 0
+    for gap, ap, protect in mix:
+        t0 = clock()
+        q = L.quote(s, c, gap, ap, protect)
+        us.append((clock() - t0) / 1e3)
+        demoted += sum(1 for a in q.chosen if a.host_victims)
+    out = {"full_host_quote_us_p50": round(statistics.median(us), 1), "full_host_quote_us_p99": round(_pct(us, 0.99), 1),
+           "full_host_quotes": len(us), "full_host_demotions_with_victims": demoted}
+    if n <= args.reference_max:
+        same = True
+        for gap, ap, protect in mix[:4]:
+            r, q = L.quote_reference(s, c, gap, ap, protect), L.quote(s, c, gap, ap, protect)
+            same &= q.chosen == r.chosen and q.cold == r.cold and q.admitted == r.admitted
+        out["full_host_reference_matches"] = same
+    _log(f"scaling {n}, full Host arena: {out}")
     return out
 
 
