@@ -6,7 +6,12 @@ streamed delta. Reported per C: output tokens/s, TTFT p50/p99 (submit → first 
 inter-token gap p50/p99, and the engine's overhead: the share of each cycle spent outside the
 compiled steps (scheduling, ledger plans and commits, sampling, streaming).
 
-Flags after `engine`: --requests_per_lane N (default 4), --max_tokens N (default 32).
+control_us_per_cycle_p50 / _p99 (`control_at_scale`): one cycle's wall time outside the compiled
+steps at C=8 on an engine whose cache holds `--control_points` (default 10,000) checkpoints,
+while 16 requests continuing the cached system prompt are admitted, decode and publish.
+
+Flags after `engine`: --requests_per_lane N (default 4), --max_tokens N (default 32),
+--control_points N (default 10,000).
 """
 from __future__ import annotations
 
@@ -71,6 +76,61 @@ def _one(model, c: int, per_lane: int, max_tokens: int) -> dict:
             f"c{c}_requests": len(prompts), f"c{c}_cycles": stats["cycles"]}
 
 
+def _populate(engine, points: int, rng) -> list[int]:
+    """Fill the cache with at least `points` cached checkpoints: requests sharing one system
+    prompt, each with four private anchors and four shared markers in its own part (SAVE-1,
+    SH-1), one output token; progress on stderr. Returns the system prompt."""
+    system = [int(x) for x in rng.integers(0, 1000, 100)]
+    sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    cache = engine.core.reuse
+    t0, last = time.perf_counter(), 0.0
+    while len(cache.cache.checkpoints) < points:
+        batch = [engine.submit(system + [int(x) for x in rng.integers(0, 1000, 140)], sp,
+                               anchors=[120, 160, 200, 230], markers=[110, 140, 180, 220]) for _ in range(64)]
+        while not all(h.done() for h in batch):
+            engine.step()
+        if time.perf_counter() - last > 10:
+            last = time.perf_counter()
+            print(f"[bench engine] control: {len(cache.cache.checkpoints):,} cached points "
+                  f"({last - t0:.0f} s)", file=sys.stderr, flush=True)
+    return system
+
+
+def control_at_scale(model, points: int = 10_000, c: int = 8, max_tokens: int = 48) -> dict:
+    """`control_us_per_cycle_p50/_p99`: the wall time of one engine cycle outside the Program's
+    compiled steps (scheduling, source selection, ledger plans and commits, captures, sampling
+    bookkeeping, streaming) at C = `c`, on an engine whose cache holds `points` checkpoints.
+    2·c requests continuing the cached system prompt are admitted (source selection over the
+    whole index, binds, reclamation), decode `max_tokens` each and publish their ends; every
+    cycle of that run is a sample. `engine.step()` is timed by the caller's clock, the compiled
+    steps by the engine's own counter (`compute_seconds`)."""
+    cfg = EngineConfig(max_concurrency=c, max_context=512, chunk_size=64, progress=False, max_queue=1 << 16,
+                       context_cache=ContextCacheConfig(host_capacity_bytes=4 << 30))
+    engine = Engine(cfg, program=Program(cfg, model=model), start=False)
+    rng = np.random.default_rng(7)
+    t = time.perf_counter()
+    system = _populate(engine, points, rng)
+    fill_s = time.perf_counter() - t
+    cached = len(engine.core.reuse.cache.checkpoints)
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    handles = [engine.submit(system + [int(x) for x in rng.integers(0, 1000, 60)], sp) for _ in range(2 * c)]
+    core = engine.core
+    control, rows = [], []
+    while not all(h.done() for h in handles):
+        c0, t0 = core.compute_seconds, time.perf_counter()
+        engine.step()
+        control.append((time.perf_counter() - t0) - (core.compute_seconds - c0))
+        rows.append(len(core.residents))
+    engine.check_integrity()
+    full = [x for x, r in zip(control, rows) if r == c]
+    engine.close()
+    return {"control_cached_points": cached, "control_lanes": c, "control_cycles": len(control),
+            "control_us_per_cycle_p50": round(1e6 * _pct(control, 50), 1),
+            "control_us_per_cycle_p99": round(1e6 * _pct(control, 99), 1),
+            "control_us_per_full_cycle_p50": round(1e6 * _pct(full, 50), 1) if full else None,
+            "control_fill_s": round(fill_s, 1)}
+
+
 def sim_10k(n: int = 10_000) -> dict:
     """The scheduling loop alone on the cost-model Program: n short requests at C=8, cache off
     (the target that used to be a timed unit test: under 60 s on this machine)."""
@@ -105,6 +165,11 @@ def run(argv: list[str]) -> dict:
         figures.update(_one(model, c, per_lane, max_tokens))
         print(f"[bench engine] C={c}: {figures[f'c{c}_output_tokens_per_s']:.0f} tokens/s, "
               f"overhead {100 * figures[f'c{c}_overhead_share']:.0f}% of each cycle", file=sys.stderr, flush=True)
+    points = int_arg(argv, "control_points", 10_000)
+    print(f"[bench engine] control: C=8 with {points:,} cached points", file=sys.stderr, flush=True)
+    figures.update(control_at_scale(model, points))
+    print(f"[bench engine] control: {figures['control_us_per_cycle_p50']:.0f} us per cycle (p50) outside the "
+          f"compiled steps", file=sys.stderr, flush=True)
     print("[bench engine] the scheduling loop: 10,000 requests on the cost-model Program", file=sys.stderr, flush=True)
     figures.update(sim_10k())
     return figures

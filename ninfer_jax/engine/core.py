@@ -67,7 +67,7 @@ COUNTERS = (
     "pauses_replay", "pauses_snapshot", "resumes_replay", "resumes_snapshot",
     "snapshot_bytes", "snapshot_revocations", "snapshot_fallbacks", "recovery_permit_seconds",
     "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
-    "captures", "captures_skipped", "reclaims", "full_hits", "waits",
+    "captures", "captures_skipped", "reclaims", "reclaim_quotes", "full_hits", "waits",
 )
 
 

@@ -54,6 +54,8 @@ class ContextCache:
         # is recoverable. `rates` keeps what the ledger's CostModel has no field for (D2H).
         self.rates = calibrate.rates_of(program)
         self.cost = self.rates.ledger()
+        self._facts = None  # RCL-2: the shared facts of the quotes on the current states
+        self._quotes: dict = {}  # (gap, applicant, protect) -> its quote on those states
 
     # ---- plumbing ------------------------------------------------------------------------
     def identity(self, tokens: Sequence[int]) -> ledger.InputIdentity:
@@ -78,6 +80,23 @@ class ContextCache:
         cycle instead advances it at the SCH-9 points (engine/transactions.py)."""
         self.txns.finish()
 
+    def quote(self, gap: Gap, applicant: Applicant, protect=()) -> ledger.Quote:
+        """RCL-2: a read-only quote on the current states. The facts every quote on the same
+        (ledger state, cache) pair shares (the victim order brought to the ledger's replicas,
+        the HEAT-4 segment) are computed once and kept until either changes, and a quote the
+        same decision already asked for on those states is answered again, not recomputed: an
+        admission that walks several sources and retries (RES-4) costs one quote per scarce
+        pool and applicant per attempt."""
+        state, cache = self.program.state, self.cache
+        if self._facts is None or not self._facts.valid_for(state, cache):
+            self._facts, self._quotes = ledger.quote_facts(state, cache), {}
+        key = (gap, applicant, frozenset(protect))
+        q = self._quotes.get(key)
+        if q is None:
+            q = self._quotes[key] = self._facts.quote(gap, applicant, key[2])
+            self.counters["reclaim_quotes"] += 1
+        return q
+
     def reclaim(self, pools: dict, protect=(), applicant: Applicant | None = None, *, revoke: bool = True) -> bool:
         """Meet a shortfall from optional cache (RCL-8 for necessary execution), State first.
         Waiting protection and pause snapshots are revoked only when ordinary reclamation is
@@ -96,9 +115,9 @@ class ContextCache:
                 self.txns.reclaim_waits = True
                 continue
             gap = Gap(pool, amount)
-            q = ledger.quote(self.program.state, self.cache, gap, applicant, protect)
+            q = self.quote(gap, applicant, protect)
             if not q.admitted and revoke:
-                q = ledger.quote(self.program.state, self.cache, gap, applicant._replace(revoke_waiters=True), protect)
+                q = self.quote(gap, applicant._replace(revoke_waiters=True), protect)
             if not q.admitted:
                 continue
             got = ledger.plan_reclaim(self.program.state, self.cache, q)
@@ -344,8 +363,7 @@ class ContextCache:
                 or isinstance(got, Refusal) and got.shortfall is not None and got.shortfall.host is not None:
             objs = [self.program.state.objects[o] for o in move]
             allocs = tuple(ledger.HostAllocation(o.device.nbytes) for o in objs)  # HOST-1: each must place
-            q = ledger.quote(self.program.state, self.cache, Gap(ledger.HOST, sum(a.size for a in allocs), allocs),
-                             applicant, protect=move)
+            q = self.quote(Gap(ledger.HOST, sum(a.size for a in allocs), allocs), applicant, protect=move)
             if q.admitted:
                 r = ledger.plan_reclaim(self.program.state, self.cache, q)
                 if not isinstance(r, Refusal):

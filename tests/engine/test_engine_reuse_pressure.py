@@ -42,3 +42,50 @@ def test_agent_trace_at_c4_under_pressure_equals_cold(tmp_path, tiny_model):
     stats = hot.stats
     assert stats["cached_tokens"] > 0 and stats["h2d_bytes"] > 0 and stats["d2h_bytes"] > 0
     assert T.outputs_differing(hot, cold) == 0
+
+
+def test_rcl2_one_quote_per_pool_and_applicant_per_attempt_facts_shared(tiny_model, monkeypatch):
+    """RCL-2: under pressure (Main KV near its minimum, one spare StateImage slot, a tiny Host
+    arena) every admission walks several sources and retries (RES-4). The engine builds the
+    quotes' shared facts once per (ledger state, cache) pair and never asks the same quote
+    twice on the same states; outputs equal a cold engine's."""
+    import numpy as np
+
+    import ledger
+    from ledger import victim_select
+    from ninfer_jax import SamplingParams
+    from tests.engine.engine_helpers import make_engine, run_until_done
+
+    built, asked = [], []
+    real_init, real_quote = victim_select.QuoteFacts.__init__, victim_select.QuoteFacts.quote
+
+    def init(self, state, cache):
+        built.append((state, cache))  # kept alive: identities stay unique
+        real_init(self, state, cache)
+
+    def quote(self, gap, applicant, protect=(), keep_content=()):
+        asked.append((id(self.state), id(self.cache), gap, applicant, frozenset(protect)))
+        return real_quote(self, gap, applicant, protect, keep_content)
+
+    monkeypatch.setattr(victim_select.QuoteFacts, "__init__", init)
+    monkeypatch.setattr(victim_select.QuoteFacts, "quote", quote)
+    rng = np.random.default_rng(5)
+    system = rng.integers(0, 1000, 48).tolist()
+    work = [(system + rng.integers(0, 1000, int(rng.integers(20, 90))).tolist(),
+             SamplingParams(temperature=0, max_tokens=int(rng.integers(4, 24)), ignore_eos=True)) for _ in range(10)]
+    engine = make_engine(tiny_model, max_context=256, max_concurrency=2, kv_capacity=288,
+                         context_cache=ContextCacheConfig(device_state_slots=1, host_capacity_bytes=1 << 16))
+    handles = [engine.submit(p, sp) for p, sp in work]
+    run_until_done(engine, handles)
+    stats = engine.stats()
+    assert stats["reclaims"] >= 1 and stats["reclaim_quotes"] >= stats["reclaims"]
+    pairs = [(id(s), id(c)) for s, c in built]
+    assert len(pairs) == len(set(pairs)), "facts rebuilt on unchanged states"
+    assert len(asked) == len(set(asked)), "the same quote asked twice on the same states"
+    assert 0 < stats["reclaim_quotes"] <= len(asked)  # the engine's own; a capture quotes inside its plan
+    cold = make_engine(tiny_model, max_context=256, max_concurrency=2,
+                       context_cache=ContextCacheConfig(enabled=False))
+    for (p, sp), h in zip(work, handles):
+        ref = cold.submit(p, sp)
+        run_until_done(cold, [ref])
+        assert h.result().token_ids == ref.result().token_ids
