@@ -11,8 +11,9 @@ from typing import Hashable, NamedTuple
 
 from ledger import prefix_index as px
 from ledger import victims as vx
-from ledger.cache_state import (CacheState, Checkpoint, ContinuationRecord, SharedEntry, Tier, WaitRef, indexed,
-                                wait_holder)
+from ledger.cache_state import (CacheState, Checkpoint, ContinuationRecord, SharedEntry, Tier, WaitRef, dep_item,
+                                indexed, wait_holder)
+from ledger.psorted import PSorted
 from ledger.errors import InvalidRequest
 from ledger.chain import Chain
 from ledger.objects import plan_add_holders, plan_drop_holders
@@ -29,7 +30,7 @@ class CacheResult(NamedTuple):
     ok: bool = True
 
 
-_KEPT = ("records", "shared", "checkpoints", "index", "waiters", "fallback", "dependents", "victims")
+_KEPT = ("records", "shared", "checkpoints", "index", "waiters", "fallback", "dependents", "dep_order", "victims")
 
 
 class Edit:
@@ -233,30 +234,44 @@ class Edit:
         that fell back on that prefix (or an alias of it: same identity) and extend c strictly
         now fall back on c; no other point can be affected."""
         cache = self.cache
+        cps = cache.checkpoints
         fb = deepest_prefix_cid(cache, c.identity, c.cid, strict=True)
-        fallback, deps = cache.fallback.set(c.cid, fb), cache.dependents
+        fallback, deps, dord = cache.fallback.set(c.cid, fb), cache.dependents, cache.dep_order
         moved_all: set = set()
         if indexed(c):
-            n = c.frontier
-            for a in (aliases(cache, cache.checkpoints[fb]) if fb else (0,)):
-                moved = [d for d in deps.get(a, ()) if cache.checkpoints[d].frontier > n
-                         and c.identity.is_prefix_of(cache.checkpoints[d].identity)]
+            n, toks = c.frontier, c.identity.tokens
+            for a in (aliases(cache, cps[fb]) if fb else (0,)):
+                order = dord.get(a)
+                if order is None:
+                    continue
+                moved = []
+                for dt, d in order.scan(start=(toks,)):  # the points whose tokens extend c's, in a run
+                    if dt[:n] != toks:
+                        break
+                    if len(dt) > n and c.identity.is_prefix_of(cps[d].identity):
+                        moved.append(d)
                 if moved:
                     moved_all.update(moved)
+                    pts = [cps[d] for d in moved]
                     deps = _deps_set(deps, a, deps[a] - set(moved))
+                    dord = _order_edit(dord, a, pts, -1)
                     for d in moved:
                         fallback = fallback.set(d, c.cid)
                     deps = deps.set(c.cid, deps.get(c.cid, frozenset()) | set(moved))
+                    dord = _order_edit(dord, c.cid, pts, +1)
         deps = _deps_set(deps, fb, deps.get(fb, frozenset()) | {c.cid})
-        self._set(fallback=fallback, dependents=deps)
+        dord = _order_edit(dord, fb, (c,), +1)
+        self._set(fallback=fallback, dependents=deps, dep_order=dord)
         return moved_all
 
     def _unlink(self, c: Checkpoint) -> set:
         """Points that fell back on c fall back on a surviving alias of c, else on c's own."""
         cache = self.cache
+        cps = cache.checkpoints
         fb = cache.fallback.get(c.cid, 0)
-        fallback, deps = cache.fallback.delete(c.cid), cache.dependents
+        fallback, deps, dord = cache.fallback.delete(c.cid), cache.dependents, cache.dep_order
         deps = _deps_set(deps, fb, deps.get(fb, frozenset()) - {c.cid})
+        dord = _order_edit(dord, fb, (c,), -1)
         mine = deps.get(c.cid, frozenset())
         if mine:
             alive = sorted(a for a in aliases(cache, c) if a != c.cid) if indexed(c) else []
@@ -264,7 +279,9 @@ class Edit:
             for d in mine:
                 fallback = fallback.set(d, to)
             deps = _deps_set(deps.delete(c.cid), to, deps.get(to, frozenset()) | mine)
-        self._set(fallback=fallback, dependents=deps)
+            pts = [cps[d] for d in mine]
+            dord = _order_edit(dord.delete(c.cid) if c.cid in dord else dord, to, pts, +1)
+        self._set(fallback=fallback, dependents=deps, dep_order=dord)
         return set(mine)
 
     def note(self, *what) -> None:
@@ -283,6 +300,16 @@ class Edit:
 def holders_outside(state: LedgerState, oid: int, mine: Hashable) -> frozenset:
     o = state.objects.get(oid)
     return frozenset() if o is None else o.holders - {mine}
+
+
+def _order_edit(dord, a: int, points, sign: int):
+    """Add (+1) or remove (-1) `points` among the dependents of `a` in token order."""
+    o = dord.get(a)
+    if o is None:
+        o = PSorted()
+    for d in points:
+        o = o.add(dep_item(d)) if sign > 0 else o.remove(dep_item(d))
+    return dord.set(a, o) if len(o) else (dord.delete(a) if a in dord else dord)
 
 
 def _deps_set(deps, key, value):

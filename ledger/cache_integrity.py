@@ -11,7 +11,7 @@ shared, a StateImage being written never is).
 from __future__ import annotations
 
 from ledger import prefix_index as px
-from ledger.cache_state import MAX_ANCHORS, CacheState, indexed
+from ledger.cache_state import MAX_ANCHORS, CacheState, dep_item, indexed
 from ledger.errors import IntegrityError
 from ledger.integrity import check_integrity
 from ledger.state import STATE_IMAGE, LedgerState
@@ -101,6 +101,10 @@ def check_cache(state: LedgerState, cache: CacheState) -> None:
         errs.append("fallback facts list other checkpoints")
     if {k: set(v) for k, v in cache.dependents.items()} != deps:
         errs.append("dependents disagree with fallbacks")
+    want_order = {a: sorted(dep_item(cache.checkpoints[d]) for d in ds if d in cache.checkpoints)
+                  for a, ds in deps.items()}
+    if {a: list(o) for a, o in cache.dep_order.items()} != want_order:
+        errs.append("dependents in token order disagree with the dependents")
     for s, rid in cache.sessions.items():
         if rid not in cache.records:
             errs.append(f"session {s!r} names dead record {rid}")

@@ -40,7 +40,8 @@ def _observe(cache: CacheState, ident: InputIdentity, request: Hashable, now: in
     item = summary.get(key)
     if item is None:
         if len(summary) >= SUMMARY_ITEMS:  # RD-9: drop the least recently observed
-            oldest = min(summary.values(), key=lambda i: (i.seen, repr(i.key)))
+            least = min(i.seen for i in summary.values())  # ties by key text, formatted only for ties
+            oldest = min((i for i in summary.values() if i.seen == least), key=lambda i: repr(i.key))
             summary = summary.delete(oldest.key)
         item = SummaryItem(key, len(ident.tokens), frozenset((request,)), now if repeated else 0, now)
     elif repeated:

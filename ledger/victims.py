@@ -213,7 +213,32 @@ def _cids(hs) -> tuple:
     return tuple(sorted(h[1] for h in hs if h[0] == "ckpt"))
 
 
-def group_key(cache, facts, hs, live: int, frees: int, sl=None) -> tuple[tuple, frozenset]:
+def point_facts(cache, facts, hs, sl, memo=None) -> tuple:
+    """(hot owners, demand, loss) of deleting an ordinary holder set of up to BIG points
+    (RCL-3, RCL-5), shared by its pool orders and the Host order (`memo`: within one batch)."""
+    if memo is not None:
+        got = memo.get(hs)
+        if got is not None:
+            return got
+    cids = _cids(hs)
+    gone = frozenset(cids)
+    cps = cache.checkpoints
+    hot, demand = set(), 0
+    for cid in cids:
+        c = cps[cid]
+        h, t = facts.hot(c, gone)
+        if h:
+            hot.add(c.owner)
+        if t > demand:
+            demand = t
+    loss = sl[cids[0]] if sl is not None and len(cids) == 1 and sl.get(cids[0]) is not None else facts.loss(gone)
+    got = (frozenset(hot), demand, loss)
+    if memo is not None:
+        memo[hs] = got
+    return got
+
+
+def group_key(cache, facts, hs, live: int, frees: int, sl=None, memo=None) -> tuple[tuple, frozenset]:
     """The items an ordinary group keeps in its pool order, and its hot owners (RCL-3/4/5).
 
     A group of more than BIG points (a page many histories share) keeps a lower bound only,
@@ -225,32 +250,25 @@ def group_key(cache, facts, hs, live: int, frees: int, sl=None) -> tuple[tuple, 
     cids = _cids(hs)
     if len(cids) > BIG:
         return ((("n", WIDE), (sum(sl[c] for c in cids), 0, cids, INF)),), _NONE
-    gone = frozenset(cids)
-    cps = cache.checkpoints
-    hot, demand = set(), 0
-    for cid in cids:
-        c = cps[cid]
-        h, t = facts.hot(c, gone)
-        if h:
-            hot.add(c.owner)
-        if t > demand:
-            demand = t
-    loss = sl[cids[0]] if sl is not None and len(cids) == 1 and cids[0] in sl else facts.loss(gone)
+    hot, demand, loss = point_facts(cache, facts, hs, sl, memo)
     if hot:
-        return (("r", (demand, cids, loss)),), frozenset(hot)
+        return (("r", (demand, cids, loss)),), hot
     return ((("n", min(frees, WIDE)), (loss, demand, cids, frees)),), _NONE
 
 
 def host_key(cache, facts, hs, sl) -> tuple:
     """The Host order item of an ordinary holder set, its hot owners and whether a point of it
     has a reuse-tier owner. The item is a lower bound of the HOST-2 rank of its deletion: the
-    stored tier (no owner beyond the soft target), the loss (RCL-5; for more than BIG points the
-    sum of their own losses), the demand; a quote divides the loss by the useful amount's cap."""
+    stored tier (no owner beyond the soft target; NORMAL for more than BIG points), the sum of
+    its points' own losses (RCL-5: nested points of one history lose disjoint intervals, other
+    histories add theirs; exact for one point), the demand; a quote divides the loss by the
+    useful amount's cap and evaluates the entry exactly when it reaches it."""
     cids = _cids(hs)
     cps = cache.checkpoints
     reuse = any(owner_status(cache, cps[c].owner)[0] for c in cids)
+    loss = sum(sl.get(c) or 0 for c in cids)
     if len(cids) > BIG:
-        return (Tier.NORMAL, sum(sl.get(c) or 0 for c in cids), 0, cids), _NONE, reuse
+        return (Tier.NORMAL, loss, 0, cids), _NONE, reuse
     gone = frozenset(cids)
     hot, demand = set(), 0
     for cid in cids:
@@ -260,7 +278,6 @@ def host_key(cache, facts, hs, sl) -> tuple:
             hot.add(c.owner)
         if t > demand:
             demand = t
-    loss = sl[cids[0]] if len(cids) == 1 and sl.get(cids[0]) is not None else facts.loss(gone)
     return (Tier.REUSE if hot else Tier.NORMAL, loss, demand, cids), frozenset(hot), reuse
 
 
@@ -761,6 +778,7 @@ class _Work:
                 groups[key] = g._replace(frees=_frees(groups, gidx, key[0], key[1]))
         # 5. re-key
         facts = self.facts if cache is not None else None
+        kmemo: dict = {}  # holder set -> its points' facts, shared by its pools and the Host order
         for key in self.dirty_groups:
             g = groups.get(key)
             if g is None:
@@ -774,7 +792,7 @@ class _Work:
                 lb += sum(sl_delta.get(c, 0) for c in self.dcids if ("ckpt", c) in hs)
                 items, hot = ((name, (lb, z, cids, inf)),), _NONE
             else:
-                items, hot = group_key(cache, facts, hs, g.live, g.frees, sl)
+                items, hot = group_key(cache, facts, hs, g.live, g.frees, sl, kmemo)
             if items != g.items:
                 self._drop_items(pool, g.items)
                 for name, it in items:
@@ -805,8 +823,11 @@ class _Work:
         # 5b. the Host order: holder sets whose Host-only count or point facts moved
         hitems, hreuse, hl = _Lazy(vi.hitems), _Lazy(vi.hreuse), self.hl
         h_rm, h_add = [], []
-        for hs in (self.hdirty | {k[1] for k in self.dirty_groups}) if cache is not None else ():
+        facts_moved = {k[1] for k in self.dirty_points}  # loss, tier, demand or special status
+        for hs in (self.hdirty | facts_moved) if cache is not None else ():
             old = hitems.get(hs)
+            if hs not in facts_moved and (old is not None) == (hl.get(hs, 0) > 0):
+                continue  # only its count moved: the item holds no count
             new = None
             if hl.get(hs, 0) > 0 and not any(groups.get((p, hs)) is not None and groups[(p, hs)].special
                                               for p in vi.pools):
@@ -1026,6 +1047,7 @@ def build(state, cache) -> VictimIndex:
         for t in hs:
             if t[0] == "ckpt":
                 gidx.setdefault((pool, t[1]), set()).add(hs)
+    kmemo: dict = {}
     spec = {key: is_special(cache, key[1]) for key in members}
     groups = {}
     lists: dict = {p: {"r": [], "dn": [], "dr": []} for p in pools}
@@ -1045,7 +1067,7 @@ def build(state, cache) -> VictimIndex:
                         seen.add(s)
                         if s <= hs and not spec[(pool, s)]:
                             frees += live[(pool, s)]
-        items, hot = group_key(cache, facts, hs, live[key], frees, sl)
+        items, hot = group_key(cache, facts, hs, live[key], frees, sl, kmemo)
         for name, it in items:
             lists[pool].setdefault(name, []).append(it)
         groups[key] = Group(frozenset(ms), live[key], frees, items, hot, False)
