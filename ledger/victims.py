@@ -213,14 +213,8 @@ def _cids(hs) -> tuple:
     return tuple(sorted(h[1] for h in hs if h[0] == "ckpt"))
 
 
-def point_facts(cache, facts, hs, sl, memo=None) -> tuple:
-    """(hot owners, demand, loss) of deleting an ordinary holder set of up to BIG points
-    (RCL-3, RCL-5), shared by its pool orders and the Host order (`memo`: within one batch)."""
-    if memo is not None:
-        got = memo.get(hs)
-        if got is not None:
-            return got
-    cids = _cids(hs)
+def _hot_demand(cache, facts, cids) -> tuple[frozenset, int]:
+    """RCL-3: the owners protecting these points as hot content, and their latest demand."""
     gone = frozenset(cids)
     cps = cache.checkpoints
     hot, demand = set(), 0
@@ -231,8 +225,21 @@ def point_facts(cache, facts, hs, sl, memo=None) -> tuple:
             hot.add(c.owner)
         if t > demand:
             demand = t
-    loss = sl[cids[0]] if sl is not None and len(cids) == 1 and sl.get(cids[0]) is not None else facts.loss(gone)
-    got = (frozenset(hot), demand, loss)
+    return frozenset(hot), demand
+
+
+def point_facts(cache, facts, hs, sl, memo=None) -> tuple:
+    """(hot owners, demand, loss) of deleting an ordinary holder set of up to BIG points
+    (RCL-3, RCL-5), shared by its pool orders and the Host order (`memo`: within one batch)."""
+    if memo is not None:
+        got = memo.get(hs)
+        if got is not None:
+            return got
+    cids = _cids(hs)
+    hot, demand = _hot_demand(cache, facts, cids)
+    loss = sl[cids[0]] if sl is not None and len(cids) == 1 and sl.get(cids[0]) is not None \
+        else facts.loss(frozenset(cids))
+    got = (hot, demand, loss)
     if memo is not None:
         memo[hs] = got
     return got
@@ -269,16 +276,8 @@ def host_key(cache, facts, hs, sl) -> tuple:
     loss = sum(sl.get(c) or 0 for c in cids)
     if len(cids) > BIG:
         return (Tier.NORMAL, loss, 0, cids), _NONE, reuse
-    gone = frozenset(cids)
-    hot, demand = set(), 0
-    for cid in cids:
-        c = cps[cid]
-        h, t = facts.hot(c, gone)
-        if h:
-            hot.add(c.owner)
-        if t > demand:
-            demand = t
-    return (Tier.REUSE if hot else Tier.NORMAL, loss, demand, cids), frozenset(hot), reuse
+    hot, demand = _hot_demand(cache, facts, cids)
+    return (Tier.REUSE if hot else Tier.NORMAL, loss, demand, cids), hot, reuse
 
 
 def dem_key(cache, facts, cid: int, reach: int) -> tuple:
