@@ -30,7 +30,7 @@ class CacheResult(NamedTuple):
     ok: bool = True
 
 
-_KEPT = ("records", "shared", "checkpoints", "index", "waiters", "fallback", "dependents", "dep_order", "victims")
+_KEPT = ("records", "shared", "checkpoints", "index", "waiters", "fallback", "dep_order", "victims")
 
 
 class Edit:
@@ -236,7 +236,7 @@ class Edit:
         cache = self.cache
         cps = cache.checkpoints
         fb = deepest_prefix_cid(cache, c.identity, c.cid, strict=True)
-        fallback, deps, dord = cache.fallback.set(c.cid, fb), cache.dependents, cache.dep_order
+        fallback, dord = cache.fallback.set(c.cid, fb), cache.dep_order
         moved_all: set = set()
         if indexed(c):
             n, toks = c.frontier, c.identity.tokens
@@ -253,15 +253,11 @@ class Edit:
                 if moved:
                     moved_all.update(moved)
                     pts = [cps[d] for d in moved]
-                    deps = _deps_set(deps, a, deps[a] - set(moved))
-                    dord = _order_edit(dord, a, pts, -1)
+                    dord = _order_edit(_order_edit(dord, a, pts, -1), c.cid, pts, +1)
                     for d in moved:
                         fallback = fallback.set(d, c.cid)
-                    deps = deps.set(c.cid, deps.get(c.cid, frozenset()) | set(moved))
-                    dord = _order_edit(dord, c.cid, pts, +1)
-        deps = _deps_set(deps, fb, deps.get(fb, frozenset()) | {c.cid})
         dord = _order_edit(dord, fb, (c,), +1)
-        self._set(fallback=fallback, dependents=deps, dep_order=dord)
+        self._set(fallback=fallback, dep_order=dord)
         return moved_all
 
     def _unlink(self, c: Checkpoint) -> set:
@@ -269,19 +265,15 @@ class Edit:
         cache = self.cache
         cps = cache.checkpoints
         fb = cache.fallback.get(c.cid, 0)
-        fallback, deps, dord = cache.fallback.delete(c.cid), cache.dependents, cache.dep_order
-        deps = _deps_set(deps, fb, deps.get(fb, frozenset()) - {c.cid})
-        dord = _order_edit(dord, fb, (c,), -1)
-        mine = deps.get(c.cid, frozenset())
+        fallback, dord = cache.fallback.delete(c.cid), _order_edit(cache.dep_order, fb, (c,), -1)
+        mine = {d for _, d in dord.get(c.cid, ())}
         if mine:
             alive = sorted(a for a in aliases(cache, c) if a != c.cid) if indexed(c) else []
             to = alive[0] if alive else fb
             for d in mine:
                 fallback = fallback.set(d, to)
-            deps = _deps_set(deps.delete(c.cid), to, deps.get(to, frozenset()) | mine)
-            pts = [cps[d] for d in mine]
-            dord = _order_edit(dord.delete(c.cid) if c.cid in dord else dord, to, pts, +1)
-        self._set(fallback=fallback, dependents=deps, dep_order=dord)
+            dord = _order_edit(dord.delete(c.cid), to, [cps[d] for d in mine], +1)
+        self._set(fallback=fallback, dep_order=dord)
         return set(mine)
 
     def note(self, *what) -> None:
@@ -310,10 +302,6 @@ def _order_edit(dord, a: int, points, sign: int):
     for d in points:
         o = o.add(dep_item(d)) if sign > 0 else o.remove(dep_item(d))
     return dord.set(a, o) if len(o) else (dord.delete(a) if a in dord else dord)
-
-
-def _deps_set(deps, key, value):
-    return deps.set(key, value) if value else (deps.delete(key) if key in deps else deps)
 
 
 def aliases(cache: CacheState, c: Checkpoint) -> list:

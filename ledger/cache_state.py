@@ -184,11 +184,10 @@ class CacheState(NamedTuple):
     # RCL-2/RCL-5 facts kept current: each checkpoint's deepest other indexed exact prefix
     # (0: root), and the reverse relation, so a quote reads a loss instead of searching.
     fallback: immutables.Map = immutables.Map()  # cid -> cid of its fallback (0: root)
-    dependents: immutables.Map = immutables.Map()  # cid -> frozenset of cids falling back on it
-    # The dependents again, each fallback's in token order (`dep_item`): the points a new
-    # point now covers (those extending it) are one contiguous run from its own tokens on,
-    # found without reading every point that falls back on the same prefix (cache_edit._link).
-    dep_order: immutables.Map = immutables.Map()  # cid -> PSorted of (tokens, cid)
+    # The reverse relation, each fallback's dependents in token order (`dep_item`): the points
+    # a new point now covers (those extending it) are one contiguous run from its own tokens
+    # on, found without reading every point that falls back on the same prefix (_link).
+    dep_order: immutables.Map = immutables.Map()  # cid -> PSorted of (tokens, cid) falling back on it
     # RCL-4/RD-8 victim order and HEAT-4 reuse footprint, kept by every edit (ledger/victims.py);
     # None until the first Edit builds it (a quote then enumerates, as `quote_reference`).
     victims: object = None

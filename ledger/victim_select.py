@@ -20,9 +20,9 @@ puts beyond the soft target: those few are ranked here as normal content (`cold`
 with waiters, pause snapshots or waiters' own points (`special`) depend on the applicant
 (WAIT-2, PAUSE-4, SCH-4) and are ranked here from their members. Demotions (RCL-6) are taken
 in (tier, demand, checkpoint) order; the page a group takes is decided as the reference
-decides it (the first checkpoint in `walk_key` order claims a shared page). Host gaps rank the
-listed objects with a complete Host replica (`hosted`) by the reference's HOST-1/2 rules (a
-first-fit placement test per action, which no stored key can hold).
+decides it (the first checkpoint in `walk_key` order claims a shared page). Host gaps merge
+the Host order (`hord`) the same way (`_HostRanked`), "fits alone" tested only for what the
+selection reads.
 """
 from __future__ import annotations
 

@@ -30,6 +30,10 @@ What is stored, per Device pool (all persistent: every version of the cache keep
   **duplicate replicas** (`x`, HOST-1/RCL-6): listed objects whose Device
   and Host replicas are both complete; `held`: listed objects with a complete Device replica
   (no quote can free more).
+* **The Host order** (HOST-1/2, all pools): `hlive` counts per holder set the listed objects
+  whose only complete replica is on Host; `hord` ranks the ordinary sets with any by (stored
+  tier, the sum of their points' own losses, demand), a lower bound of the HOST-2 rank;
+  `hitems` keeps each set's item and hot owners, `hreuse` the sets with a reuse-tier owner.
 * **The reuse segment** (`heat`): the reuse-tier owners newest real demand first, each object
   billed once to the newest owner holding it, each owner's billed footprint per pool and Host
   bytes, with per-chunk sums, so the first owner past 3/4 of a pool is found without a walk.
@@ -130,7 +134,6 @@ class VictimIndex(NamedTuple):
     special: immutables.Map  # pool -> frozenset of special holder sets
     orders: immutables.Map  # pool -> PoolOrder
     dem: immutables.Map  # (pool, cid) -> (count of Device-only objects, (order name, item) | None)
-    hosted: immutables.Map  # oid -> None: listed objects with a complete Host replica
     sl: immutables.Map  # cid -> its loss deleted alone (RCL-5): large groups' loss bound
     walk: immutables.Map  # oid -> the points listing it in demotion walk order (when two or more)
     heat: Heat
@@ -149,7 +152,7 @@ def _empty_order() -> PoolOrder:
 def empty(state) -> VictimIndex:
     pools = tuple(p.pool_id for p in state.config.pools)
     orders = immutables.Map({p: _empty_order() for p in pools})
-    return VictimIndex(pools, state.xrep, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, orders, _EMPTY, _EMPTY,
+    return VictimIndex(pools, state.xrep, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, orders, _EMPTY,
                        _EMPTY, _EMPTY, Heat(_EMPTY, PSorted(_agg_seg), _EMPTY, _EMPTY))
 
 
@@ -380,7 +383,6 @@ class _Work:
         self.oh = _Lazy(vi.oh)
         self.opool = _Lazy(vi.opool)
         self.dem = _Lazy(vi.dem)
-        self.hosted = _Lazy(vi.hosted)
         self.walk = _Lazy(vi.walk)
         self.hl = _Lazy(vi.hlive)
         self.hdirty: set = set()  # holder sets whose Host-only count moved
@@ -450,18 +452,13 @@ class _Work:
             if h == 2:
                 xo = self._order(pool, "x")
                 self._put(pool, "x", xo.add((oid,)) if sign > 0 else xo.remove((oid,)))
-        if h == 2:
-            if sign > 0:
-                self.hosted[oid] = None
+        if h == 2 and d != 2:  # Host-only: what deleting its holders frees on Host (HOST-2)
+            n = self.hl.get(hs, 0) + sign
+            if n:
+                self.hl[hs] = n
             else:
-                del self.hosted[oid]
-            if d != 2:  # Host-only: what deleting its holders frees on Host (HOST-2)
-                n = self.hl.get(hs, 0) + sign
-                if n:
-                    self.hl[hs] = n
-                else:
-                    del self.hl[hs]
-                self.hdirty.add(hs)
+                del self.hl[hs]
+            self.hdirty.add(hs)
         if d and not h:
             for t in hs:
                 if t[0] == "ckpt":
@@ -893,7 +890,7 @@ class _Work:
         else:
             heat = heat._replace(billed=self.billed.finish())
         return VictimIndex(vi.pools, self.xrep, self.oh.finish(), self.opool.finish(), groups.finish(),
-                           gidx.finish(), big_map, sp_map, orders, self.dem.finish(), self.hosted.finish(),
+                           gidx.finish(), big_map, sp_map, orders, self.dem.finish(),
                            sl.finish(), self.walk.finish(), heat, hl.finish(), hitems.finish(), hord, hreuse.finish())
 
 
@@ -996,7 +993,6 @@ def build(state, cache) -> VictimIndex:
     live: dict = {}
     xs: dict = {p: [] for p in pools}
     held = dict.fromkeys(pools, 0)
-    hosted = {}
     hlive: dict = {}
     dem: dict = {}
     for oid, hs in oh.items():
@@ -1014,10 +1010,8 @@ def build(state, cache) -> VictimIndex:
             held[pool] += 1
             if h == 2:
                 xs[pool].append((oid,))
-        if h == 2:
-            hosted[oid] = None
-            if d != 2:
-                hlive[hs] = hlive.get(hs, 0) + 1
+        if h == 2 and d != 2:
+            hlive[hs] = hlive.get(hs, 0) + 1
         if d and not h:
             for t in hs:
                 if t[0] == "ckpt":
@@ -1112,7 +1106,7 @@ def build(state, cache) -> VictimIndex:
                        immutables.Map({k: frozenset(v) for k, v in gidx.items()}),
                        immutables.Map({p: frozenset(v) for p, v in big.items() if v}),
                        immutables.Map({p: frozenset(v) for p, v in special.items() if v}), immutables.Map(orders),
-                       immutables.Map(dem_out), immutables.Map(hosted), immutables.Map(sl), immutables.Map(walk),
+                       immutables.Map(dem_out), immutables.Map(sl), immutables.Map(walk),
                        heat, immutables.Map(hlive), immutables.Map(hitems),
                        from_sorted(sorted(it[0] for it in hitems.values())),
                        immutables.Map({hs: None for hs, it in hitems.items() if it[2]}))
@@ -1123,7 +1117,7 @@ def compare(got: VictimIndex, want: VictimIndex) -> list[str]:
     errs = []
     if got.pools != want.pools:
         errs.append(f"victim index pools {got.pools} != {want.pools}")
-    for name in ("oh", "opool", "gidx", "big", "special", "dem", "hosted", "sl", "walk", "hlive", "hitems",
+    for name in ("oh", "opool", "gidx", "big", "special", "dem", "sl", "walk", "hlive", "hitems",
                  "hreuse"):
         a, b = getattr(got, name), getattr(want, name)
         if a != b:

@@ -379,7 +379,7 @@ def _scaling_entry(n: int, args) -> dict:
         out["reclaim_quote_reference"] = f"skipped above --reference-max {args.reference_max} (seconds per quote)"
     out.update(_full_host(n, args))
     hq = []
-    hosted = len(c.victims.hosted)
+    hosted = sum(1 for o in s.objects.values() if o.host is not None and o.host.complete)
     slot = s.pool(L.STATE_POOL).spec.unit_bytes
     need = tuple(L.HostAllocation(slot) for _ in range(s.arena.free_bytes // slot + 1))  # one block short
     for i in range(min(50, args.scale_quotes)):
