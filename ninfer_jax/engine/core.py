@@ -42,7 +42,7 @@ from ninfer_jax.engine.integrity import check_engine
 from ninfer_jax.engine.preempt import Preemption
 from ninfer_jax.engine.request import DECODE, FINISHED, PAUSED, PREFILL, QUEUED, Request, RequestHandle
 from ninfer_jax.engine.reuse import ContextCache, SavePoint
-from ninfer_jax.engine.scheduler import FreshQueue
+from ninfer_jax.engine.scheduler import WAIT, FreshQueue
 from ninfer_jax.engine.units import UnitPlanning
 from ninfer_jax.engine.types import SamplingParams, TokenDelta, check_prompt
 from ninfer_jax.errors import CapacityError, QueueFullError, RequestError
@@ -210,13 +210,17 @@ class EngineCore(UnitPlanning):
                         req.wait_seen = self.reuse.cache.index
             return None
 
-        def try_admit(req: Request) -> bool:
+        def try_admit(req: Request):
             nonlocal turn
             bound = self._bind_fresh(req)
             if isinstance(bound, Refusal):
                 if (not self.residents and not len(self.preempt) and req is self.fresh.head()
                         and bound.reason == "shortfall" and not self.reuse.txns.busy):
                     self._capacity_error(req, bound)  # nothing else holds or frees anything (RES-6)
+                if bound.reason == "waiting_release" and self.program.state.transaction is not None:
+                    # SCH-2/3: the room it lacks comes with the copy in flight; its followers
+                    # would wait for the same copy, so the scan resumes when that copy ends.
+                    return WAIT
                 return False
             self._bind(req, bound)
             if req.phase == PREFILL and turn is None and take_prefill:
@@ -287,10 +291,15 @@ class EngineCore(UnitPlanning):
         logits = self.program.decode([DecodeRow(r.output[-1], r.fed, tuple(r.pages), r.slot) for r in rows])
         self.compute_seconds += time.perf_counter() - t0
         self.counters["decode_steps"] += 1
-        for r, row_logits in zip(rows, logits):
+        plain = [i for i, r in enumerate(rows) if sampling.plain_greedy(r.sampling)]
+        if len(plain) == len(rows):
+            chosen = dict(enumerate(sampling.greedy_rows(logits[:len(rows)])))
+        else:
+            chosen = dict(zip(plain, sampling.greedy_rows(logits[plain]))) if plain else {}
+        for i, (r, row_logits) in enumerate(zip(rows, logits)):
             r.fed += 1
             r.computed = max(r.computed, r.fed)
-            self._sample(r, row_logits)
+            self._sample(r, row_logits, chosen.get(i))
 
     def _run_prefill(self, req: Request) -> None:
         n = self._chunk(req)
@@ -335,10 +344,14 @@ class EngineCore(UnitPlanning):
             if save.frontier == req.fed:
                 self.reuse.capture(self.view(req), save)
 
-    def _sample(self, req: Request, logits) -> None:
+    def _sample(self, req: Request, logits, token: int | None = None) -> None:
+        """Commit the row's next token: `token` when the batch already chose it (plain greedy
+        rows share one argmax), else drawn from `logits` here."""
         self.preempt.end_recovery(req)  # RES-5: a generated token is real new progress
-        position = len(req.prompt) + len(req.output)
-        token, lp = sampling.sample(logits, req.sampling, req.seed, position, req.prompt, req.output)
+        lp = None
+        if token is None:
+            position = len(req.prompt) + len(req.output)
+            token, lp = sampling.sample(logits, req.sampling, req.seed, position, req.prompt, req.output)
         now = self.program.clock()
         if req.t_first_token is None:
             req.t_first_token = now

@@ -3,49 +3,95 @@
 Text is released only when it is final: not while the last character is an incomplete
 multi-byte sequence, and not while its tail could still become a stop string. A stop string
 ends the request; the text before it is the output (the stop string itself is not).
+
+Each token costs a constant amount, not the output's length (decoding every id each time made
+streaming quadratic): it decodes a short window that starts one settled step back, so a
+decoder that treats a sequence's first token specially (a leading-space rule) sees the same
+context on both sides of the difference; a window is settled once its text ends on a whole
+character. Only the text a stop string could still span is kept. A decoder whose window text
+does not extend its context's text falls back to decoding everything, so the text released is
+always the full decode's.
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
+
+_TRIM = 256  # settled characters dropped in batches, not one slice per token
 
 
 class Detokenizer:
     def __init__(self, decode: Callable[[Sequence[int]], str] | None, stop: Sequence[str] = ()):
         self._decode = decode
         self._stop = tuple(stop)
+        self._keep = max((len(s) for s in self._stop), default=0)  # released text a stop may span
         self._ids: list[int] = []
-        self.sent = ""  # text already released
+        self._prefix = 0  # the window's first id: context only, its text is already settled
+        self._read = 0  # ids before this one are settled
+        self._base = 0  # where `_recent` starts in the full text
+        self._recent = ""  # the settled text from `_base` on
+        self._windowed = True
+        self._sent = 0  # characters released
+        self._pieces: list[str] = []
         self.stopped = False
+
+    @property
+    def sent(self) -> str:
+        """The text already released."""
+        return "".join(self._pieces)
+
+    def _text(self) -> str:
+        """The full text of every id so far, from `_base` on."""
+        ids = self._ids
+        if self._windowed:
+            context = self._decode(ids[self._prefix:self._read]) if self._read > self._prefix else ""
+            window = self._decode(ids[self._prefix:])
+            if window.startswith(context):
+                new = window[len(context):]
+                if new and not new.endswith("\ufffd"):
+                    self._recent += new
+                    self._prefix, self._read = self._read, len(ids)
+                    return self._recent
+                return self._recent + new
+            self._windowed = False  # not prefix-stable: the full decode is the text
+        return self._decode(ids)[self._base:]
 
     def push(self, token: int) -> str:
         """Add one token; return the newly final text (possibly empty)."""
         self._ids.append(token)
         if self._decode is None:
             return ""
-        full = self._decode(self._ids)
+        full = self._text()
         if self._stop:
-            start = max(0, len(self.sent) - max(len(s) for s in self._stop))
+            start = max(0, self._sent - self._base - self._keep)
             hits = [i for i in (full.find(s, start) for s in self._stop) if i >= 0]
             if hits:
                 self.stopped = True
-                return self._release(full[:min(hits)])
+                return self._release(full, min(hits))
         hold = 1 if full.endswith("\ufffd") else 0
         for s in self._stop:  # the longest tail that could still grow into a stop string
             for n in range(min(len(s) - 1, len(full)), hold, -1):
                 if full.endswith(s[:n]):
                     hold = n
                     break
-        return self._release(full[:len(full) - hold])
+        return self._release(full, len(full) - hold)
 
     def flush(self) -> str:
         """At the end of generation: everything not yet released (a held stop prefix is text)."""
         if self._decode is None or self.stopped:
             return ""
-        return self._release(self._decode(self._ids))
+        full = self._text()
+        return self._release(full, len(full))
 
-    def _release(self, text: str) -> str:
-        if len(text) <= len(self.sent):
+    def _release(self, full: str, end: int) -> str:
+        """Release `full[..end]` (indices from `_base`) beyond what was released."""
+        begin = self._sent - self._base
+        if end <= begin:
             return ""
-        new = text[len(self.sent):]
-        self.sent = text
+        new = full[begin:end]
+        self._sent += len(new)
+        self._pieces.append(new)
+        cut = min(len(self._recent), self._sent - self._base - self._keep)
+        if cut >= _TRIM and self._windowed:
+            self._recent = self._recent[cut:]
+            self._base += cut
         return new

@@ -25,7 +25,7 @@ class RequestHandle:
 
     def __init__(self, request_id: str, cancel_fn):
         self.request_id = request_id
-        self._events: queue.Queue = queue.Queue()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()  # one engine-thread put per token
         self._cancel_fn = cancel_fn
         self._completion: Completion | None = None
         self._done = threading.Event()

@@ -21,6 +21,19 @@ def uniform(seed: int, position: int, purpose: int = PURPOSE_SAMPLE) -> float:
     return float(np.random.default_rng((seed, position, purpose)).random())
 
 
+def plain_greedy(sp: SamplingParams) -> bool:
+    """Greedy with nothing that reshapes or reports the distribution: the token is the argmax of
+    the raw logits, so a batch of such rows is chosen by one argmax (`greedy_rows`)."""
+    return (sp.greedy and not sp.logprobs and sp.repetition_penalty == 1.0 and not sp.presence_penalty
+            and not sp.frequency_penalty)
+
+
+def greedy_rows(logits: np.ndarray) -> list[int]:
+    """The argmax of each row of `[n, V]` logits: what `sample` picks for a `plain_greedy` row
+    (the float64 cast there is exact, so ties fall on the same first index)."""
+    return np.argmax(np.asarray(logits, np.float32), axis=1).tolist()
+
+
 def _penalised(logits: np.ndarray, sp: SamplingParams, prompt: Sequence[int], output: Sequence[int]) -> np.ndarray:
     x = logits.astype(np.float64, copy=True)
     if sp.repetition_penalty != 1.0:

@@ -4,7 +4,9 @@ A scan looks at the head and at most C following candidates. A younger request m
 admitted past a blocked older one, but each blocked request can be overtaken successfully at
 most C times; after that nothing younger passes it until it is admitted. A failed check spends
 no quota. Scans run only when something changed (a submission, a release, a cancel): under the
-same event a request that already failed is not quoted again.
+same event a request that already failed is not quoted again. A candidate that waits for the
+copy in flight (`WAIT`) ends the scan unfinished: its followers would wait for the same
+copy, and the scan resumes by ticket when it ends (SCH-2, SCH-3).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import bisect
 from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
+WAIT = "wait"  # what `try_admit` returns when its candidate waits for the transfer in flight
 
 
 class FreshQueue(Generic[T]):
@@ -50,8 +53,9 @@ class FreshQueue(Generic[T]):
     def head(self) -> T | None:
         return self._items[0] if self._items else None
 
-    def scan(self, lanes_free: int, try_admit: Callable[[T], bool]) -> list[T]:
-        """Admit in ticket order from the head and at most C followers, while lanes are free."""
+    def scan(self, lanes_free: int, try_admit: Callable[[T], bool | str]) -> list[T]:
+        """Admit in ticket order from the head and at most C followers, while lanes are free;
+        a `WAIT` answer ends the scan there."""
         if not self.dirty or not self._items:
             return []
         self.dirty = False
@@ -62,7 +66,10 @@ class FreshQueue(Generic[T]):
                 break
             if any(self.overtaken.get(b, 0) >= self.c for b in blocked):
                 break  # SCH-2: an older blocked request has been overtaken C times already
-            if try_admit(item):
+            got = try_admit(item)
+            if got == WAIT:
+                break
+            if got:
                 admitted.append(item)
                 self.remove(item)
                 for b in blocked:

@@ -14,6 +14,10 @@ from ledger import MAIN_KV, Refusal, UnitDemand, UnitKind
 from ninfer_jax.engine.request import DECODE, PREFILL, Request
 
 PAGE = ledger.PAGE_TOKENS
+# A unit whose pages are all bound already (most decode steps: one page holds PAGE tokens)
+# demands nothing from any pool: it cannot be refused and reserves nothing (RES-2), so it
+# applies for no permit and the cycle writes nothing to the ledger for it.
+NO_UNITS = "no-units"
 
 
 class UnitPlanning:
@@ -57,7 +61,7 @@ class UnitPlanning:
         turn = self._prefill_turn()
         holder = self.preempt.holder
         while True:
-            rows, demands = [], []
+            rows, demands, free = [], [], set()
             for r in self.residents:
                 if r.phase == DECODE:
                     need, kind = self._pages_needed(r, r.fed + 1), UnitKind.DECODE
@@ -68,16 +72,20 @@ class UnitPlanning:
                     continue
                 if r is holder and need <= self._permit_left(r):
                     continue  # RES-5: drawn from the recovery permit the Program holds
+                if not need:
+                    free.add(id(r))  # RES-2: nothing to reserve, nothing to refuse
+                    continue
                 rows.append(r)
                 demands.append(UnitDemand(r.key, kind, {MAIN_KV: need}))
-            plan = ledger.plan_cycle_permits(self.program.state, demands)
-            refused = [r for r, got in zip(rows, plan.proof.rows) if isinstance(got, Refusal)]
+            plan = ledger.plan_cycle_permits(self.program.state, demands) if demands else None
+            results = plan.proof.rows if plan is not None else ()
+            refused = [r for r, got in zip(rows, results) if isinstance(got, Refusal)]
             if refused and not reclaimed:
                 # Running rows short of units take optional cache first (RCL-8), once per cycle,
                 # then plan again at once (RES-4).
                 reclaimed = True
                 gaps: dict = {}
-                for got in plan.proof.rows:
+                for got in results:
                     if isinstance(got, Refusal) and got.shortfall:
                         for pool, n in got.shortfall.pools.items():
                             gaps[pool] = gaps.get(pool, 0) + n
@@ -93,7 +101,7 @@ class UnitPlanning:
                 # that may be preempted and plan again at once (RES-4) — unless a copy in flight
                 # (a pause's offload, a demotion) frees what it lacks: then it waits for that
                 # rather than preempting more (SCH-9).
-                got = plan.proof.rows[rows.index(oldest)]
+                got = results[rows.index(oldest)]
                 txns = self.reuse.txns
                 waiting = txns.releases(got.shortfall.pools if got.shortfall else ())
                 victims = [] if waiting else self.preempt.pausable(exclude=(oldest,))
@@ -109,11 +117,12 @@ class UnitPlanning:
                     continue
                 # the recovery holder holds its permit, or a transfer in flight will release:
                 # the oldest waits
-            self.program.commit(plan)
+            if plan is not None:
+                self.program.commit(plan)
             out = {"decode": {}}
-            granted = dict(zip(map(id, rows), plan.proof.rows))
+            granted = dict(zip(map(id, rows), results))
             for r in self.residents:
-                got = granted.get(id(r))
+                got = NO_UNITS if id(r) in free else granted.get(id(r))
                 if got is None and r is holder and (r.phase == DECODE or r is turn):
                     got = r.recovery_permit
                 if got is None or isinstance(got, Refusal):
