@@ -38,8 +38,13 @@ _JSON = flags.DEFINE_bool("json", False, "bench, trace, plan: print one JSON obj
 _SERVER = flags.DEFINE_string("server", None, "generate/chat: HOST:PORT of a running `ninfer serve` to use "
                               "instead of an in-process engine.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to bind (loopback unless you say otherwise).")
-_PORT = flags.DEFINE_integer("port", 50051, "serve: port to bind (0 = any free port).", lower_bound=0,
-                             upper_bound=65535)
+_PORT = flags.DEFINE_integer("port", 50051, "serve: gRPC port to bind (0 = any free port, -1 = no gRPC: HTTP "
+                             "only).", lower_bound=-1, upper_bound=65535)
+_HTTP = flags.DEFINE_boolean("http", False, "bench serve: also run the load through the OpenAI-compatible "
+                             "HTTP API and report its ratios.")
+_HTTP_PORT = flags.DEFINE_integer("http_port", None, "serve: also serve the OpenAI-compatible HTTP API on this "
+                                  "port (0 = any free port), same host, token and limits.", lower_bound=0,
+                                  upper_bound=65535)
 _TOKEN = flags.DEFINE_string("token", None, "serve: bearer token required in metadata; generate/chat --server: "
                              "token to send. Default: $NINFER_TOKEN.")
 _WAIT_S = flags.DEFINE_float("wait_s", 120.0, "generate/chat --server: seconds to wait for the server to become "
@@ -153,6 +158,8 @@ def cmd_bench(args: list[str]) -> int:
         args.append("--quick")
     if FLAGS["program"].present:
         args.append(f"--program={_PROGRAM.value}")
+    if _HTTP.value:  # bench serve: also through the HTTP API
+        args.append("--http")
     try:
         _enable_compilation_cache()
     except _usage_errors() as e:
@@ -210,7 +217,8 @@ def _sampling():
 
 
 def cmd_serve(args: list[str]) -> int:
-    """Run the gRPC service until SIGTERM/SIGINT (server/cli_commands.py)."""
+    """Run the gRPC service (and with --http_port the OpenAI-compatible HTTP API) until SIGTERM/SIGINT
+    (server/cli_commands.py)."""
     fake = _MODEL.value.startswith("fake:")  # server.testing's fake engine: no model, no JAX work
     try:
         _no_arguments("serve", args)
@@ -223,7 +231,10 @@ def cmd_serve(args: list[str]) -> int:
         return _refuse("serve", e)
     from server.cli_commands import serve
 
-    return serve(model=_MODEL.value, host=_HOST.value, port=_PORT.value, token=_TOKEN.value, grace_s=_GRACE_S.value,
+    if _PORT.value < 0 and _HTTP_PORT.value is None:
+        return _refuse("serve", ValueError("--port=-1 turns gRPC off; give --http_port=PORT to serve HTTP instead"))
+    return serve(model=_MODEL.value, host=_HOST.value, port=None if _PORT.value < 0 else _PORT.value,
+                 http_port=_HTTP_PORT.value, token=_TOKEN.value, grace_s=_GRACE_S.value,
                  max_message_bytes=_MAX_MESSAGE_BYTES.value, **_engine_settings())
 
 

@@ -59,20 +59,24 @@ COMMANDS: dict[str, Command] = {
         ('ninfer chat --prompt "Hi!" --max_tokens 16',
          "printf 'Hi!\\nAnd tomorrow?\\n' | ninfer chat --turns 2")),
     "serve": Command(
-        "run the gRPC service (ninfer.v1) until SIGTERM/SIGINT",
-        "ninfer serve [--host=HOST] [--port=PORT] [flags]",
-        "Serves the model over gRPC; health stays NOT_SERVING until the engine has warmed up. "
-        "--model=fake:NAME serves a deterministic fake engine (no model, no compilation).",
-        (("service", ("host", "port", "token", "grace_s", "max_message_bytes")), ("model", MODEL),
+        "run the gRPC service (ninfer.v1) and/or the OpenAI-compatible HTTP API until SIGTERM/SIGINT",
+        "ninfer serve [--host=HOST] [--port=PORT] [--http_port=PORT] [flags]",
+        "Serves the model over gRPC, and with --http_port over the OpenAI-compatible HTTP API "
+        "(/v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics; "
+        "docs/http.md); --port=-1 serves HTTP only. Health stays NOT_SERVING (HTTP /health 503) "
+        "until the engine has warmed up. --model=fake:NAME serves a deterministic fake engine "
+        "(no model, no compilation).",
+        (("service", ("host", "port", "http_port", "token", "grace_s", "max_message_bytes")), ("model", MODEL),
          ("engine", ENGINE)),
         ("ninfer serve --port 50051",
+         "ninfer serve --port=-1 --http_port=8000          # the OpenAI-compatible HTTP API only",
          "ninfer serve --model=fake:demo --port 0          # try the service without a model")),
     "bench": Command(
         "run a benchmark and print its figures (ninfer bench NAME [--json])",
         "ninfer bench NAME [--json] [-- BENCH_FLAGS]",
         "Runs one benchmark and prints its figures (aligned lines, or one JSON object with "
         "--json). A benchmark's own flags go after `--`.",
-        (("bench", ("json", "quick", "program", "compilation_cache")),),
+        (("bench", ("json", "quick", "program", "http", "compilation_cache")),),
         ("ninfer bench engine --json", "ninfer bench preempt --quick")),
     "trace": Command(
         "replay a chat or Marconi JSONL trace with the context cache on and off",
@@ -162,7 +166,7 @@ def _default(flag) -> str:
 _OVERRIDES = {
     ("generate", "token"): ("bearer token to send to the server.", None),
     ("chat", "token"): ("bearer token to send to the server.", None),
-    ("serve", "token"): ("bearer token clients must send in metadata.", None),
+    ("serve", "token"): ("bearer token clients must send (gRPC metadata, HTTP Authorization header).", None),
     ("trace", "program"): ("the real model, or the cost-model Program (no model math: large replays in seconds).",
                            None),
     ("bench", "program"): ("bench preempt: run only this Program.", "both"),

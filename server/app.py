@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from concurrent import futures
 from typing import Any, Callable
 
@@ -39,11 +40,22 @@ def bind_address(host: str, port: int) -> str:
 
 
 class InferenceServer:
-    def __init__(self, engine_factory: Callable[[], Any], *, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, engine_factory: Callable[[], Any], *, host: str = "127.0.0.1", port: int | None = 0,
                  token: str | None = None, limits: ServerLimits | None = None, max_workers: int | None = None,
-                 grace_s: float = 10.0, close_engine: bool = True, progress: Callable[[str], None] | None = None):
+                 grace_s: float = 10.0, close_engine: bool = True, progress: Callable[[str], None] | None = None,
+                 http_port: int | None = None):
+        """`port` None: no gRPC listener; `http_port` (None: none) adds the OpenAI-compatible
+        HTTP API on the same host, engine, token and limits (docs/http.md)."""
         self.limits = limits or ServerLimits()
         self.host, self.port = host, port
+        self.http = None
+        if http_port is not None:
+            from server.http_app import OpenAIFront
+            from server.http_server import HttpListener
+
+            self.http = HttpListener(OpenAIFront(self.limits, token=token), host=host, port=http_port)
+        if port is None and self.http is None:
+            raise ValueError("a server needs a gRPC port, an HTTP port or both")
         self.grace_s = grace_s
         self.engine: Any = None
         self.warm_up_error: BaseException | None = None
@@ -84,18 +96,24 @@ class InferenceServer:
         for name in HEALTH_NAMES:
             self.health.set(name, status)
 
-    def start(self) -> int:
-        """Bind and start answering (health NOT_SERVING until `warm_up`). Returns the port."""
-        try:
-            port = self._server.add_insecure_port(bind_address(self.host, self.port))
-        except RuntimeError as exc:
-            raise OSError(f"cannot bind {self.address}: {exc}") from None
-        if not port:
-            raise OSError(f"cannot bind {self.address}")
-        self.port = port
-        self._server.start()
-        self._progress(f"listening on {self.address} (warming up: health NOT_SERVING)")
-        return port
+    def start(self) -> int | None:
+        """Bind and start answering (health NOT_SERVING, HTTP /health 503, until `warm_up`).
+        Returns the gRPC port (None without gRPC; `http.port` is the HTTP one)."""
+        if self.port is not None:
+            try:
+                port = self._server.add_insecure_port(bind_address(self.host, self.port))
+            except RuntimeError as exc:
+                raise OSError(f"cannot bind {self.address}: {exc}") from None
+            if not port:
+                raise OSError(f"cannot bind {self.address}")
+            self.port = port
+            self._server.start()
+            self._progress(f"listening on {self.address} (gRPC; warming up: health NOT_SERVING)")
+        if self.http is not None:
+            self.http.start()
+            self._progress(f"listening on http://{self.http.address} (OpenAI-compatible HTTP; warming up: "
+                           f"/health 503)")
+        return self.port
 
     def warm_up(self) -> None:
         """Build the engine, then report SERVING. On failure health stays NOT_SERVING."""
@@ -106,9 +124,14 @@ class InferenceServer:
                 return
             self.engine = engine
             self.servicer.attach(engine)
+            if self.http is not None:
+                self.http.front.attach(engine)
             self._set_health(health_pb2.HealthCheckResponse.SERVING)
             threading.Thread(target=self._watch_engine, args=(engine,), name="ninfer-watch", daemon=True).start()
-        self._progress(f"serving {engine.model_info().get('name', '?')} on {self.address} (health SERVING)")
+        where = [self.address] if self.port is not None else []
+        if self.http is not None:
+            where.append(f"http://{self.http.address}")
+        self._progress(f"serving {engine.model_info().get('name', '?')} on {' and '.join(where)} (health SERVING)")
 
     @property
     def engine_failure(self) -> BaseException | None:
@@ -131,12 +154,19 @@ class InferenceServer:
             if self._stopped.is_set():
                 return
             self.health.enter_graceful_shutdown()  # every name NOT_SERVING, for good
-            self.servicer.start_draining()
-            if not self.servicer.wait_idle(grace):
-                n = self.servicer.cancel_all()
+            fronts = [self.servicer] + ([self.http.front] if self.http is not None else [])
+            for front in fronts:
+                front.start_draining()
+            deadline = time.monotonic() + grace
+            if not all(f.wait_idle(max(0.0, deadline - time.monotonic())) for f in fronts):
+                n = sum(f.cancel_all() for f in fronts)
                 self._progress(f"grace period over: cancelled {n} running request(s)")
-                self.servicer.wait_idle(5.0)
-            self._server.stop(grace=1.0).wait(10.0)
+                for f in fronts:
+                    f.wait_idle(5.0)
+            if self.port is not None:
+                self._server.stop(grace=1.0).wait(10.0)
+            if self.http is not None:
+                self.http.stop()
             if self.engine is not None and self._close_engine:
                 self.engine.close()
             self._stopped.set()

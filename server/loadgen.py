@@ -2,7 +2,8 @@
 
 `python -m server.loadgen --target HOST:PORT --requests 64 --concurrency 8 --prompt_len 32
 --max_tokens 16 --vocab 1000` runs the load from its own process (imports no JAX) and prints one
-JSON object: wall seconds and each request's time to first token. `make_prompts` and `drive` are
+JSON object: wall seconds and each request's time to first token. A target `http://HOST:PORT`
+(with `--model NAME`) drives the OpenAI-compatible API's `/v1/completions` instead. `make_prompts` and `drive` are
 shared with the in-process side of the benchmark so both run exactly the same load.
 """
 from __future__ import annotations
@@ -74,6 +75,37 @@ def served_load(target: str, prompts: list[list[int]], max_tokens: int, concurre
     return {"wall_s": wall, "ttft_s": ttfts}
 
 
+def http_load(base_url: str, prompts: list[list[int]], max_tokens: int, concurrency: int, model: str,
+              token: str | None = None) -> dict:
+    """The same load through the OpenAI-compatible `/v1/completions` (token-id prompts, SSE)."""
+    import httpx2
+
+    params = sampling(max_tokens)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with httpx2.Client(base_url=base_url, timeout=600.0, headers=headers,
+                       limits=httpx2.Limits(max_connections=concurrency + 1)) as http:
+        deadline = time.monotonic() + 60
+        while http.get("/health").status_code != 200:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{base_url} did not become healthy")
+            time.sleep(0.1)
+
+        def one(i: int) -> float:
+            body = {"model": model, "prompt": prompts[i], "stream": True, **params}
+            start = time.perf_counter()
+            first = None
+            with http.stream("POST", "/v1/completions", json=body) as resp:
+                resp.raise_for_status()
+                for line in resp.iter_lines():
+                    if first is None and line.startswith("data: {"):
+                        first = time.perf_counter() - start
+            return first or 0.0
+
+        one(0)
+        wall, ttfts = drive(one, len(prompts), concurrency)
+    return {"wall_s": wall, "ttft_s": ttfts}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", required=True)
@@ -83,9 +115,13 @@ def main() -> None:
     p.add_argument("--max_tokens", type=int, default=16)
     p.add_argument("--vocab", type=int, default=1000)
     p.add_argument("--token", default=None)
+    p.add_argument("--model", default=None, help="with an http:// target: the served model's name")
     a = p.parse_args()
     prompts = make_prompts(a.requests, a.prompt_len, a.vocab)
-    print(json.dumps(served_load(a.target, prompts, a.max_tokens, a.concurrency, a.token)))
+    if a.target.startswith("http://"):
+        print(json.dumps(http_load(a.target, prompts, a.max_tokens, a.concurrency, a.model, a.token)))
+    else:
+        print(json.dumps(served_load(a.target, prompts, a.max_tokens, a.concurrency, a.token)))
 
 
 if __name__ == "__main__":

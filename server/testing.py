@@ -64,8 +64,11 @@ class FakeHandle:
 class FakeEngine:
     def __init__(self, *, max_concurrency: int = 4, max_context: int = 256, max_queue: int = 1024,
                  step_s: float = 0.001, warmup_s: float = 0.0, min_len: int = 4, max_len: int = 24,
-                 model: str = "fake:tiny"):
+                 model: str = "fake:tiny", script: str | None = None):
+        """`script`: every request generates exactly this text's tokens, then stops (a model that
+        answers with a tool call, say)."""
         self.tokenizer = Tokenizer.builtin()
+        self.script = self.tokenizer.encode(script) if script else None
         self.frontend = ChatFrontend(self.tokenizer, max_input_tokens=max_context)
         self.max_concurrency = max_concurrency
         self.max_context = max_context
@@ -93,7 +96,7 @@ class FakeEngine:
 
     # --- public surface ----------------------------------------------------------------------
     def submit(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None, *,
-               request_id: str | None = None) -> FakeHandle:
+               request_id: str | None = None, session=None) -> FakeHandle:
         if self._inject:
             raise self._inject.pop(0)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -118,6 +121,15 @@ class FakeEngine:
                     request_id=None) -> FakeHandle:
         rendered = self.frontend.render_chat(messages, tools=tools, cache_markers=cache_markers)
         return self.submit(list(rendered.token_ids), sampling, request_id=request_id)
+
+    def chat_frontend(self) -> ChatFrontend:
+        return self.frontend
+
+    def submit_rendered(self, rendered, *, sampling=None, request_id=None, session=None, anchors=None) -> FakeHandle:
+        return self.submit(list(rendered.token_ids), sampling, request_id=request_id)
+
+    def tokenizer_decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
 
     def generate(self, prompt, sampling=None) -> Completion:
         return self.submit(prompt, sampling).result()
@@ -183,10 +195,14 @@ class FakeEngine:
         return best
 
     def _token(self, h: FakeHandle, i: int) -> int:
+        if self.script:
+            return self.script[i % len(self.script)]
         key = hash((h.prompt, i, 0 if h.sampling.greedy else h.seed)) & 0xFFFFFFFF
         return self._alphabet[key % len(self._alphabet)]
 
     def _length(self, h: FakeHandle) -> int:
+        if self.script:
+            return len(self.script)
         return self.min_len + sum(h.prompt) % (self.max_len - self.min_len + 1)
 
     def _finish(self, h: FakeHandle, reason: str) -> None:

@@ -9,7 +9,9 @@ served / in-process. With --same_process the client runs on threads of this proc
 
 Flags after `serve` (after `--`): --requests N (64), --concurrency N (8), --prompt_len N (32),
 --max_tokens N (16), --max_concurrency N (engine lanes, 4), --fake (the deterministic fake
-engine instead of the built-in model), --same_process.
+engine instead of the built-in model), --same_process, --http (also through the OpenAI-compatible
+HTTP API's `/v1/completions` with SSE, the client in its own process too: requests/s and TTFT
+against the in-process engine and against gRPC, `http_vs_*_ratio`).
 """
 from __future__ import annotations
 
@@ -33,12 +35,14 @@ def _figures(prefix: str, wall: float, ttfts: list[float], n: int) -> dict:
             f"{prefix}_ttft_p99_ms": 1e3 * percentile(ttfts, 99)}
 
 
-def _served_in_child(address: str, n: int, concurrency: int, prompt_len: int, max_tokens: int, vocab: int) -> dict:
+def _served_in_child(address: str, n: int, concurrency: int, prompt_len: int, max_tokens: int, vocab: int,
+                     model: str | None = None) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    extra = [f"--model={model}"] if model else []
     out = subprocess.run([sys.executable, "-m", "server.loadgen", f"--target={address}", f"--requests={n}",
                           f"--concurrency={concurrency}", f"--prompt_len={prompt_len}", f"--max_tokens={max_tokens}",
-                          f"--vocab={vocab}"], capture_output=True, text=True, timeout=1800, env=env)
+                          f"--vocab={vocab}", *extra], capture_output=True, text=True, timeout=1800, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed:\n{out.stderr}")
     return json.loads(out.stdout)
@@ -56,6 +60,7 @@ def run(argv: list[str]) -> dict:
     lanes = int_arg(argv, "max_concurrency", 4)
     fake = "--fake" in argv
     same_process = "--same_process" in argv
+    http = "--http" in argv
     max_context = max(256, prompt_len + max_tokens + 1)
 
     if fake:
@@ -84,19 +89,33 @@ def run(argv: list[str]) -> dict:
             engine.generate(prompts[i], sampling)
         _say(f"in-process: {n} requests, {concurrency} in flight, {prompt_len}+{max_tokens} tokens")
         out = _figures("inprocess", *loadgen.drive(in_process, n, concurrency), n)
-        with running_server(engine, progress=_say) as (srv, _):
+        kwargs = {"http_port": 0} if http else {}
+        with running_server(engine, progress=_say, **kwargs) as (srv, _):
             _say(f"served over {srv.address} from {'this' if same_process else 'a client'} process: the same load")
             if same_process:
                 served = loadgen.served_load(srv.address, prompts, max_tokens, concurrency)
             else:
                 served = _served_in_child(srv.address, n, concurrency, prompt_len, max_tokens, vocab)
             out.update(_figures("served", served["wall_s"], served["ttft_s"], n))
+            if http:
+                url, model = f"http://{srv.http.address}", engine.model_info()["name"]
+                _say(f"over HTTP at {url} (/v1/completions, SSE): the same load")
+                if same_process:
+                    got = loadgen.http_load(url, prompts, max_tokens, concurrency, model)
+                else:
+                    got = _served_in_child(url, n, concurrency, prompt_len, max_tokens, vocab, model)
+                out.update(_figures("http", got["wall_s"], got["ttft_s"], n))
         engine.check_integrity()
     finally:
         engine.close()
     out["requests_per_s_ratio"] = out["served_requests_per_s"] / out["inprocess_requests_per_s"]
     out["ttft_p50_ratio"] = out["served_ttft_p50_ms"] / out["inprocess_ttft_p50_ms"]
     out["ttft_p99_ratio"] = out["served_ttft_p99_ms"] / out["inprocess_ttft_p99_ms"]
+    if http:  # HTTP against the in-process engine and against gRPC, side by side in this run
+        for base, name in (("inprocess", "inprocess"), ("served", "grpc")):
+            out[f"http_vs_{name}_requests_per_s_ratio"] = out["http_requests_per_s"] / out[f"{base}_requests_per_s"]
+            out[f"http_vs_{name}_ttft_p50_ratio"] = out["http_ttft_p50_ms"] / out[f"{base}_ttft_p50_ms"]
+            out[f"http_vs_{name}_ttft_p99_ratio"] = out["http_ttft_p99_ms"] / out[f"{base}_ttft_p99_ms"]
     out.update(requests=n, concurrency=concurrency, prompt_len=prompt_len, max_tokens=max_tokens,
                max_concurrency=lanes, client="same process" if same_process else "separate process",
                engine="fake" if fake else "builtin:tiny-hybrid")

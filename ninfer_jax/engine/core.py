@@ -38,6 +38,7 @@ import ledger
 from ledger import Refusal
 from ninfer_jax.engine import sampling
 from ninfer_jax.engine.detok import Detokenizer
+from ninfer_jax.engine.observe import latency_histograms
 from ninfer_jax.engine.integrity import check_engine
 from ninfer_jax.engine.preempt import Preemption
 from ninfer_jax.engine.request import DECODE, FINISHED, PAUSED, PREFILL, QUEUED, Request, RequestHandle
@@ -68,6 +69,7 @@ COUNTERS = (
     "snapshot_bytes", "snapshot_revocations", "snapshot_fallbacks", "recovery_permit_seconds",
     "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
     "captures", "captures_skipped", "reclaims", "reclaim_quotes", "full_hits", "waits",
+    "cache_queries", "cache_hits_private", "cache_hits_shared",
 )
 
 
@@ -84,6 +86,7 @@ class EngineCore(UnitPlanning):
         self.by_id: dict[str, Request] = {}
         self._tickets = itertools.count(1)
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
+        self.histograms = latency_histograms()
         cache_cfg = program.config.context_cache
         self.reuse = ContextCache(program, self.counters, enabled=cache_cfg.enabled,
                                   execution=program.execution_tag)
@@ -274,6 +277,7 @@ class EngineCore(UnitPlanning):
             req.cached_tokens = bound.frontier
             self.counters["cached_tokens"] += bound.frontier
             req.t_admitted = self.program.clock()
+            self.histograms["queue_seconds"].observe(req.t_admitted - req.t_submit)
         req.phase = PREFILL
         self.residents.append(req)
         self.residents.sort(key=lambda r: r.ticket)
@@ -355,8 +359,11 @@ class EngineCore(UnitPlanning):
         now = self.program.clock()
         if req.t_first_token is None:
             req.t_first_token = now
+            self.histograms["time_to_first_token_seconds"].observe(now - req.t_submit)
         else:
-            req.max_gap = max(req.max_gap, now - req.t_last_token)
+            gap = now - req.t_last_token
+            req.max_gap = max(req.max_gap, gap)
+            self.histograms["inter_token_seconds"].observe(gap)
         req.t_last_token = now
         req.output.append(token)
         self.counters["generated_tokens"] += 1
@@ -415,6 +422,7 @@ class EngineCore(UnitPlanning):
         self._release(req, publish=reason in ("stop", "length"))
         req.phase, req.finish_reason = FINISHED, reason
         req.t_finished = self.program.clock()
+        self.histograms["e2e_seconds"].observe(req.t_finished - req.t_submit)
         if reason == "cancelled":
             self.counters["requests_cancelled"] += 1
         elif reason == "error":

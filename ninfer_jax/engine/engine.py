@@ -27,6 +27,7 @@ from typing import Sequence
 from ninfer_jax.config import EngineConfig
 from ninfer_jax.engine.core import EngineCore
 from ninfer_jax.engine.failure import end_pending, fail_all
+from ninfer_jax.engine.observe import occupancy
 import ledger
 from ledger import PointKind
 from ninfer_jax.engine.request import RequestHandle
@@ -257,12 +258,26 @@ class Engine:
         shared markers (explicit and the automatic one), explicit private anchors."""
         frontend = self._frontend()
         rendered = frontend.render_chat(messages, tools=tools, cache_markers=cache_markers)
-        saves = saves_of(rendered)
+        anchored = None
         if anchors:
-            marked = frontend.render_chat(messages, tools=tools, cache_markers=anchors, marker_policy="none")
-            saves += [SavePoint(m.frontier, PointKind.ANCHOR) for m in marked.markers]
+            anchored = frontend.render_chat(messages, tools=tools, cache_markers=anchors, marker_policy="none")
+        return self.submit_rendered(rendered, sampling=sampling, request_id=request_id, session=session,
+                                    anchors=anchored)
+
+    def submit_rendered(self, rendered, *, sampling: SamplingParams | None = None, request_id: str | None = None,
+                        session=None, anchors=None) -> RequestHandle:
+        """Queue a prompt the chat frontend rendered (`render_chat`, `render_responses(...).prompt`):
+        it saves at the frontiers the rendering chose; `anchors`, a rendering of the same
+        conversation with the anchors as its only markers, adds those as private anchors."""
+        saves = saves_of(rendered)
+        if anchors is not None:
+            saves += [SavePoint(m.frontier, PointKind.ANCHOR) for m in anchors.markers]
         return self._submit(list(rendered.token_ids), sampling, request_id, saves=saves,
                             splits=rendered.rewrite_execution_frontiers, session=session)
+
+    def chat_frontend(self):
+        """The chat frontend of this engine's tokenizer (templates, markers, Responses input)."""
+        return self._frontend()
 
     def chat(self, messages: list[dict], tools=None, session=None, cache_markers=None,
              sampling: SamplingParams | None = None, anchors=None) -> Completion:
@@ -281,8 +296,11 @@ class Engine:
         def snapshot():
             out = dict(self.core.counters)
             out.update(compilations=self.program.compilations, residents=len(self.core.residents),
-                       queued=len(self.core.fresh), warmup_seconds=self.warmup_seconds,
+                       queued=len(self.core.fresh), paused=len(self.core.preempt),
+                       warmup_seconds=self.warmup_seconds,
                        cost_model=self.core.reuse.rates.stats())  # SRC-3: the prices in use
+            out.update(occupancy(self.program.state))
+            out["histograms"] = {k: h.snapshot() for k, h in self.core.histograms.items()}
             return out
         try:
             return self._call(snapshot)

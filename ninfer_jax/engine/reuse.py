@@ -232,8 +232,11 @@ class ContextCache:
                 permit = next((o[1] for o in got.outcome if o[0] == "permit"), None)
             pages = dict(view[2]).get(MAIN_KV, ())
             self._drop_stale_host(view[1], pages, cand.frontier)
+            if not resume:
+                self.counters["cache_queries"] += 1  # one per fresh admission: hits / queries
             if cand.frontier and not resume:
                 self.counters["cache_hits"] += 1
+                self.counters["cache_hits_private" if cand.private else "cache_hits_shared"] += 1
                 self.counters["reused_tokens"] += cand.frontier
             return Bound(cand.frontier, cand.takeover, view[1], tuple(pages), permit)
         if given is not None and given in self.program.state.permits:

@@ -57,7 +57,8 @@ class MarkerPolicy(str, enum.Enum):
 
 
 def parse_marker(obj: Any) -> MarkerSpec:
-    """A spec object, or a dict: {"message": i}, {"message": i, "part": j}, {"tools": true}, {"tool": k}."""
+    """A spec object, or a dict: {"message": i}, {"message": i, "part": j}, {"tools": true}, {"tool": k}
+    with non-negative indices (spec objects may count from the end)."""
     if isinstance(obj, (ContentBoundary, MessageBoundary, ToolsBoundary)):
         return obj
     if not isinstance(obj, Mapping):
@@ -68,6 +69,11 @@ def parse_marker(obj: Any) -> MarkerSpec:
         value = obj[key]
         if not isinstance(value, int) or isinstance(value, bool):
             raise MarkerError(f"cache marker field {key!r} must be an integer")
+        if value < 0:
+            # The wire form (gRPC, HTTP) counts from the start only: -1 meaning "the last" would
+            # silently mark a different message once the conversation grows. Python callers may
+            # pass boundary objects, which count from the end with negative indices.
+            raise MarkerError(f"cache marker field {key!r} must be a non-negative index, got {value}")
         return value
 
     if keys == {"message"}:

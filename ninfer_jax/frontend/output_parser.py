@@ -51,16 +51,20 @@ def _call(body: str) -> dict | None:
     return {"type": "function", "function": {"name": data["name"], "arguments": args}}
 
 
-def parse_assistant_output(text: str, *, call_id_prefix: str = "call_") -> ParsedOutput:
-    reasoning = None
-    if THINK_CLOSE in text:
+def parse_assistant_output(text: str, *, call_id_prefix: str = "call_", reasoning: bool = True,
+                           tool_calls: bool = True) -> ParsedOutput:
+    """`reasoning=False` reads no `<think>` block (a stream that decided it has none);
+    `tool_calls=False` leaves `<tool_call>` blocks in the content (a request that allows none)."""
+    if reasoning and THINK_CLOSE in text:
         head, _, text = text.partition(THINK_CLOSE)
         head = head.split(THINK_OPEN, 1)[-1]
-        reasoning = head.strip("\n")
+        thought = head.strip("\n")
+    else:
+        thought = None
     calls: list[dict] = []
     kept: list[str] = []
     last = 0
-    for match in _TOOL_CALL.finditer(text):
+    for match in (_TOOL_CALL.finditer(text) if tool_calls else ()):
         call = _call(match.group(1))
         kept.append(text[last:match.start()] if call is not None else text[last:match.end()])
         last = match.end()
@@ -68,4 +72,92 @@ def parse_assistant_output(text: str, *, call_id_prefix: str = "call_") -> Parse
             call["id"] = f"{call_id_prefix}{len(calls)}"
             calls.append(call)
     kept.append(text[last:])
-    return ParsedOutput("".join(kept).strip("\n"), reasoning, tuple(calls))
+    return ParsedOutput("".join(kept).strip("\n"), thought, tuple(calls))
+
+
+
+_MARKERS = ("<tool_call>", THINK_OPEN, THINK_CLOSE)
+
+
+def _held_tail(text: str) -> int:
+    """How many trailing characters could still be the start of a markup tag, or are newlines
+    the parse strips when nothing follows them."""
+    hold = 0
+    for marker in _MARKERS:
+        for n in range(min(len(marker) - 1, len(text)), hold, -1):
+            if text.endswith(marker[:n]):
+                hold = n
+                break
+    return max(hold, len(text) - len(text.rstrip("\n")))
+
+
+class OutputStream:
+    """`parse_assistant_output` for a stream: `push` generated text as it comes and get the
+    content and reasoning deltas that are final; `finish` returns the rest and the tool calls.
+
+    Nothing emitted is taken back: the content deltas add up to the final parse's `content`,
+    the reasoning deltas to its `reasoning_content`, and the tool calls come with `finish`. So
+    text is held while it could still change meaning: an open `<tool_call>` block (it may
+    become a call), a tail that may start a tag, newlines the parse would strip, and a
+    reasoning block until its `</think>` arrives. Whether the output has a reasoning block is
+    decided once: the prompt opened one (`think_open`, a template whose generation prompt ends
+    in `<think>`), or the output starts with `<think>`; otherwise a later `</think>` is plain
+    text (`parse(..., reasoning=False)`), so content streams as it is generated.
+    """
+
+    def __init__(self, *, think_open: bool = False, tool_calls: bool = True, call_id_prefix: str = "call_"):
+        self._text = ""
+        self._tools = tool_calls
+        self._prefix = call_id_prefix
+        self._reasoning_mode: bool | None = True if think_open else None
+        self._content = 0  # characters of content emitted
+        self._reasoning = 0
+
+    @property
+    def reasoning(self) -> bool:
+        return bool(self._reasoning_mode)
+
+    def _parse(self, text: str) -> ParsedOutput:
+        return parse_assistant_output(text, call_id_prefix=self._prefix, reasoning=self.reasoning,
+                                      tool_calls=self._tools)
+
+    def _deltas(self, parsed: ParsedOutput) -> tuple[str, str]:
+        content = parsed.content[self._content:]
+        reasoning = (parsed.reasoning_content or "")[self._reasoning:]
+        self._content += len(content)
+        self._reasoning += len(reasoning)
+        return content, reasoning
+
+    def push(self, text: str) -> tuple[str, str]:
+        """Add generated text; returns (content delta, reasoning delta), either possibly empty."""
+        self._text += text
+        full = self._text
+        if self._reasoning_mode is None:
+            lead = full.lstrip("\n")
+            if lead.startswith(THINK_OPEN):
+                self._reasoning_mode = True
+            elif THINK_OPEN.startswith(lead):
+                return "", ""  # it may still open a reasoning block
+            else:
+                self._reasoning_mode = False
+        start = 0
+        if self._reasoning_mode:
+            if THINK_CLOSE not in full:
+                return "", ""
+            start = full.index(THINK_CLOSE) + len(THINK_CLOSE)
+        safe = full[:max(start, len(full) - _held_tail(full))]
+        opened = safe.rfind("<tool_call>", start) if self._tools else -1
+        if opened >= 0 and "</tool_call>" not in safe[opened:]:
+            safe = safe[:opened]
+        return self._deltas(self._parse(safe))
+
+    def finish(self) -> tuple[str, str, tuple[dict, ...]]:
+        """The remaining (content delta, reasoning delta) and the tool calls of the whole text."""
+        if self._reasoning_mode is None:
+            self._reasoning_mode = self._text.lstrip("\n").startswith(THINK_OPEN)
+        content, reasoning = self._deltas(self._parse(self._text))
+        return content, reasoning, self._parse(self._text).tool_calls
+
+    def parsed(self) -> ParsedOutput:
+        """The whole text's parse, under the stream's decision about reasoning."""
+        return self._parse(self._text)

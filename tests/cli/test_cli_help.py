@@ -101,7 +101,7 @@ def test_port_out_of_range_exits_2_through_absl():
                          text=True, env=ENV, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
-        "ninfer serve: IllegalFlagValueError: flag --port=70000: 70000 is not an integer in the range [0, 65535] "
+        "ninfer serve: IllegalFlagValueError: flag --port=70000: 70000 is not an integer in the range [-1, 65535] "
         "(ninfer serve --help lists the flags)"]
 
 

@@ -137,7 +137,9 @@ def test_good_input_passes_preflight_and_reaches_the_engine(ninfer, monkeypatch)
 
 def test_flag_errors_are_one_line_exit_2(ninfer):
     _refused(ninfer("serve", "--port=70000"), "serve", "IllegalFlagValueError: flag --port=70000")
-    _refused(ninfer("serve", "--port=-1"), "serve", "IllegalFlagValueError: flag --port=-1")
+    _refused(ninfer("serve", "--port=-2"), "serve", "IllegalFlagValueError: flag --port=-2")
+    # -1 turns gRPC off, which only makes sense with an HTTP port.
+    _refused(ninfer("serve", "--port=-1"), "serve", "ValueError: --port=-1 turns gRPC off")
     _refused(ninfer("generate", "--dtype=float16"), "generate", "IllegalFlagValueError: flag --dtype=float16")
     _refused(ninfer("generate", "--no_such_flag=1"), "generate", "UnrecognizedFlagError: ")
 

@@ -186,3 +186,10 @@ def test_scn3_markers_at_alpha_and_alpha_beta_and_alpha_serves_alpha_gamma(front
     alpha_gamma = frontend.render_chat(gamma)
     assert alpha.identity.matches(alpha_gamma.token_ids)
     assert not deeper.identity.matches(alpha_gamma.token_ids)
+
+
+@pytest.mark.parametrize("marker", [{"message": -1}, {"message": 0, "part": -1}, {"tool": -1}])
+def test_sh2_negative_wire_marker_indices_are_refused(frontend, marker):
+    """A JSON marker naming message -1 would mark whatever message is last today; refused."""
+    with pytest.raises(MarkerError, match="non-negative"):
+        frontend.render_chat(CONVERSATION, cache_markers=[marker])

@@ -51,9 +51,11 @@ def test_bench_serve_reports_ratios_on_the_fake_engine():
     from ninfer_jax.bench import BENCHES, load
 
     assert BENCHES["serve"] == "ninfer_jax.bench.serve_bench"
-    figures = load("serve").run(["--fake", "--requests=12", "--concurrency=4", "--max_tokens=4"])
+    figures = load("serve").run(["--fake", "--requests=12", "--concurrency=4", "--max_tokens=4", "--http"])
     for key in ("inprocess_requests_per_s", "served_requests_per_s", "requests_per_s_ratio",
-                "inprocess_ttft_p50_ms", "served_ttft_p99_ms", "ttft_p50_ratio", "ttft_p99_ratio"):
+                "inprocess_ttft_p50_ms", "served_ttft_p99_ms", "ttft_p50_ratio", "ttft_p99_ratio",
+                "http_requests_per_s", "http_ttft_p99_ms", "http_vs_inprocess_requests_per_s_ratio",
+                "http_vs_grpc_requests_per_s_ratio", "http_vs_grpc_ttft_p50_ratio"):
         assert figures[key] > 0, key
     assert figures["engine"] == "fake"
 

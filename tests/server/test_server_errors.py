@@ -58,6 +58,7 @@ def test_no_prompt_and_bad_request_id(fake_server):
     ([], {}, "messages must not be empty"),
     (USER, {"cache_markers": [{"message": 0}] * 5}, "MarkerError"),
     (USER, {"cache_markers": [{"message": 9}]}, "MarkerError"),
+    (USER, {"cache_markers": [{"message": -1}]}, "non-negative index"),  # not "the last message"
     ([{"role": "user", "content": "word " * 400}], {}, "InputTooLongError"),
 ])
 def test_chat_bad_requests_are_invalid_argument(fake_server, messages, kwargs, needle):

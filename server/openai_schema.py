@@ -1,0 +1,90 @@
+"""Request bodies of the OpenAI-compatible HTTP API (pydantic), checked before anything runs.
+
+Each model names the fields the API honours. Fields of the OpenAI API that this engine cannot
+honour (`n` > 1, forced tool choice, `logit_bias`, a JSON `response_format`, `echo`, ...) are
+refused with a 400 naming the field, never ignored. Unknown extra fields are ignored, as the
+field's servers do (clients send vendor extensions), except that their names are not guessed at.
+
+Extensions (docs/http.md): `cache_markers` (SH-1..4, the wire form: non-negative indices),
+`anchors` (REC-1 private anchors, same form), `session` (session affinity of sources),
+`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """The sampling fields every generation endpoint shares (OpenAI names, then extensions)."""
+
+    model: str = Field(min_length=1)
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    n: Optional[int] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+    # extensions
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    ignore_eos: Optional[bool] = None
+    session: Optional[str] = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+    response_format: Optional[dict[str, Any]] = None
+    cache_markers: Optional[list[dict[str, Any]]] = None
+    anchors: Optional[list[dict[str, Any]]] = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: Optional[int] = None
+    logprobs: Optional[int] = None
+    echo: Optional[bool] = None
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+
+class ResponsesRequest(_Body):
+    model: str = Field(min_length=1)
+    input: Union[str, list[dict[str, Any]]]
+    instructions: Optional[str] = None
+    previous_response_id: Optional[str] = None
+    store: bool = True
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    max_output_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    stream: bool = False
+    text: Optional[dict[str, Any]] = None
+    # extensions
+    seed: Optional[int] = None
+    top_k: Optional[int] = None
+    cache_markers: Optional[list[dict[str, Any]]] = None
+    session: Optional[str] = None

@@ -1,0 +1,349 @@
+"""The OpenAI-compatible HTTP API, driven by the official `openai` client against a live
+server on loopback: the real engine on the built-in model (outputs compared with the same
+engine in process), and the fake engine where a scripted answer (a tool call) or many fast
+requests are needed."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import httpx2
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ninfer_jax import SamplingParams
+from server.app import InferenceServer
+from server.cli_commands import engine_factory
+from server.testing import FakeEngine, wait_until
+
+MODEL = "builtin:tiny-hybrid"
+USER = [{"role": "user", "content": "Hello there"}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def _serve(factory, token=None):
+    srv = InferenceServer(factory, port=None, http_port=0, token=token, grace_s=2.0, progress=lambda m: None)
+    srv.start()
+    srv.warm_up()
+    return srv
+
+
+def _client(srv, token="unused", **kw):
+    return openai.OpenAI(api_key=token, base_url=f"http://127.0.0.1:{srv.http.port}/v1", max_retries=0,
+                         timeout=120.0, **kw)
+
+
+@pytest.fixture(scope="module")
+def live():
+    srv = _serve(engine_factory(MODEL, max_concurrency=4, max_context=512, progress=False))
+    yield srv, _client(srv)
+    srv.shutdown(grace_s=2.0)
+
+
+def _settled(srv):
+    assert wait_until(lambda: srv.http.front.active_count() == 0, 30.0), "requests still registered"
+    assert wait_until(lambda: srv.engine.stats()["residents"] + srv.engine.stats()["queued"] == 0, 30.0)
+    srv.engine.check_integrity()
+
+
+# --- outputs equal the engine's ----------------------------------------------------------------
+def test_chat_greedy_and_seeded_equal_the_engine_in_process(live):
+    srv, client = live
+    for sp, kw in ((SamplingParams(temperature=0, max_tokens=12), {"temperature": 0}),
+                   (SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=12),
+                    {"temperature": 0.9, "top_p": 0.95, "seed": 11})):
+        want = srv.engine.chat(USER, sampling=sp)
+        got = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=12, **kw)
+        assert got.choices[0].message.content == want.text.strip("\n")
+        assert got.usage.completion_tokens == len(want.token_ids)
+        assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+        stream = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=12, stream=True,
+                                                stream_options={"include_usage": True}, **kw)
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text.strip("\n")
+        assert chunks[-1].usage.completion_tokens == len(want.token_ids)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    _settled(srv)
+
+
+def test_completions_with_token_ids_and_logprobs(live):
+    srv, client = live
+    ids = [5, 77, 300, 12, 900, 41]
+    want = srv.engine.generate(ids, SamplingParams(temperature=0, max_tokens=6, logprobs=2))
+    got = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, logprobs=2)
+    assert got.choices[0].text == want.text
+    assert got.choices[0].logprobs.token_logprobs == pytest.approx([lp.logprob for lp in want.logprobs])
+    assert all(len(top) == 2 for top in got.choices[0].logprobs.top_logprobs)
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=ids, max_tokens=6, temperature=0, stream=True))
+    assert text == want.text
+    _settled(srv)
+
+
+def test_second_agent_turn_reports_cached_tokens_equal_to_the_engine_counter(live):
+    srv, client = live
+    history = [{"role": "system", "content": "You are a weather agent."}, {"role": "user", "content": "Paris?"}]
+    first = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], max_tokens=8,
+                                           temperature=0)
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And Rome?"}]
+    before = srv.engine.stats()["cached_tokens"]
+    second = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], max_tokens=8,
+                                            temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached == srv.engine.stats()["cached_tokens"] - before
+    # Exactness (doctrine 1): the cached turn equals the same turn on the engine in process.
+    want = srv.engine.chat(history, tools=[WEATHER], sampling=SamplingParams(temperature=0, max_tokens=8))
+    assert second.choices[0].message.content == want.text.strip("\n")
+    _settled(srv)
+
+
+def test_cache_control_on_a_content_part_is_a_shared_marker(live):
+    """SH-2: Anthropic-style cache_control marks a shared entry another conversation reuses."""
+    srv, client = live
+    system = {"role": "system", "content": [{"type": "text", "text": "You are the weather desk of a newspaper.",
+                                             "cache_control": {"type": "ephemeral"}}]}
+    client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": "Paris?"}],
+                                   max_tokens=2, temperature=0)
+    shared = srv.engine.stats()["cache_hits_shared"]
+    other = client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": "Oslo!"}],
+                                           max_tokens=4, temperature=0)
+    assert other.usage.prompt_tokens_details.cached_tokens > 0
+    assert srv.engine.stats()["cache_hits_shared"] == shared + 1
+    want = srv.engine.chat([system, {"role": "user", "content": "Oslo!"}],
+                           sampling=SamplingParams(temperature=0, max_tokens=4))
+    assert other.choices[0].message.content == want.text.strip("\n")
+    _settled(srv)
+
+
+def test_responses_chained_by_previous_response_id(live):
+    srv, client = live
+    r1 = client.responses.create(model=MODEL, input="Hi there", instructions="Be brief.", max_output_tokens=6,
+                                 temperature=0)
+    assert r1.status == "incomplete" and r1.usage.output_tokens == 6
+    # Instructions are not carried over from a previous response (the API's rule): sent again.
+    r2 = client.responses.create(model=MODEL, input="And now?", previous_response_id=r1.id, instructions="Be brief.",
+                                 max_output_tokens=6, temperature=0)
+    assert r2.previous_response_id == r1.id
+    assert r2.usage.input_tokens_details.cached_tokens > 0  # SH-5: the history r1 saved
+    # The chain names exactly the conversation: the same messages in one chat call agree.
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                {"role": "assistant", "content": r1.output_text}, {"role": "user", "content": "And now?"}]
+    want = srv.engine.chat(messages, sampling=SamplingParams(temperature=0, max_tokens=6))
+    assert r2.output_text == want.text.strip("\n")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, input="x", previous_response_id="resp-unknown")
+    _settled(srv)
+
+
+def test_models_listing(live):
+    srv, client = live
+    models = client.models.list()
+    assert [m.id for m in models] == [MODEL]
+
+
+# --- bad input ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, exc, needle", [
+    ({"model": "gpt-nothing", "messages": USER}, openai.NotFoundError, "does not exist"),
+    ({"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, openai.BadRequestError, "UnknownRoleError"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "word " * 2000}]}, openai.BadRequestError,
+     "context_length_exceeded"),
+    ({"model": MODEL, "messages": USER, "max_tokens": -3}, openai.BadRequestError, "max_tokens"),
+    ({"model": MODEL, "messages": USER, "n": 2}, openai.BadRequestError, "n=1"),
+    ({"model": MODEL, "messages": USER, "tool_choice": "required", "tools": [WEATHER]}, openai.BadRequestError,
+     "tool_choice"),
+    ({"model": MODEL, "messages": USER, "extra_body": {"cache_markers": [{"message": -1}]}},
+     openai.BadRequestError, "non-negative"),
+    ({"model": MODEL, "messages": []}, openai.BadRequestError, "messages"),
+])
+def test_bad_requests_are_openai_errors(live, kwargs, exc, needle):
+    srv, client = live
+    before = srv.engine.stats()["requests_submitted"]
+    with pytest.raises(exc) as info:
+        client.chat.completions.create(**kwargs)
+    assert needle in json.dumps(info.value.body)
+    assert set(info.value.body) >= {"message", "type", "param", "code"}
+    assert srv.engine.stats()["requests_submitted"] == before  # refused before the engine
+
+
+def test_malformed_json_and_oversized_bodies(live):
+    srv, _ = live
+    url = f"http://127.0.0.1:{srv.http.port}/v1/chat/completions"
+    r = httpx2.post(url, content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "a" * (9 << 20)}]})
+    r = httpx2.post(url, content=big.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+# --- auth, health, a scripted tool call --------------------------------------------------------
+def test_auth_on_and_off_and_health():
+    fake = FakeEngine(max_concurrency=4, max_context=256, model="fake:tiny")
+    srv = _serve(lambda: fake, token="s3cret")
+    try:
+        base = f"http://127.0.0.1:{srv.http.port}"
+        assert httpx2.get(f"{base}/health").status_code == 200  # open, like gRPC health
+        with pytest.raises(openai.AuthenticationError):
+            _client(srv, token="wrong").models.list()
+        assert httpx2.get(f"{base}/metrics").status_code == 401
+        assert [m.id for m in _client(srv, token="s3cret").models.list()] == ["fake:tiny"]
+    finally:
+        srv.shutdown(grace_s=1.0)
+        fake.close()
+
+
+def test_health_is_503_until_warm_up_ends():
+    srv = InferenceServer(lambda: FakeEngine(), port=None, http_port=0, progress=lambda m: None)
+    srv.start()
+    try:
+        base = f"http://127.0.0.1:{srv.http.port}"
+        assert httpx2.get(f"{base}/health").status_code == 503
+        r = httpx2.get(f"{base}/v1/models")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "unavailable"
+        srv.warm_up()
+        assert httpx2.get(f"{base}/health").status_code == 200
+    finally:
+        srv.shutdown(grace_s=1.0)
+        srv.engine.close()
+
+
+def test_tool_call_round_trip():
+    """A model answering with a tool call: parsed into tool_calls (streamed and not); the
+    client's next turn carries the call and its result back."""
+    fake = FakeEngine(max_concurrency=2, max_context=512, model="fake:tiny", script=CALL_TEXT)
+    srv = _serve(lambda: fake)
+    try:
+        client = _client(srv)
+        msgs = [{"role": "user", "content": "Weather in Paris?"}]
+        got = client.chat.completions.create(model="fake:tiny", messages=msgs, tools=[WEATHER], max_tokens=64)
+        choice = got.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+        chunks = list(client.chat.completions.create(model="fake:tiny", messages=msgs, tools=[WEATHER],
+                                                     max_tokens=64, stream=True))
+        assert not "".join(c.choices[0].delta.content or "" for c in chunks)  # no markup leaks as content
+        streamed = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
+        assert [(t.function.name, json.loads(t.function.arguments)) for t in streamed] == [("get_weather", {"city": "Paris"})]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        msgs += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 21}'}]
+        again = client.chat.completions.create(model="fake:tiny", messages=msgs, tools=[WEATHER], max_tokens=64)
+        assert again.choices[0].message.tool_calls  # the history rendered; the scripted model calls again
+        plain = client.chat.completions.create(model="fake:tiny", messages=msgs, tools=[WEATHER], max_tokens=64,
+                                               tool_choice="none")
+        assert plain.choices[0].message.content == CALL_TEXT and not plain.choices[0].message.tool_calls
+    finally:
+        srv.shutdown(grace_s=1.0)
+        fake.close()
+
+
+# --- many streams, disconnects, metrics --------------------------------------------------------
+def test_200_streams_with_random_disconnects_end_and_leak_nothing(live):
+    srv, client = live
+    url = f"http://127.0.0.1:{srv.http.port}/v1/chat/completions"
+    rng = random.Random(3)
+    plan = [rng.choice(["full", "cut_early", "cut_late", "abort_before_body"]) for _ in range(200)]
+    before = srv.engine.stats()
+
+    async def one(http, i, kind):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": f"stream {i}"}], "max_tokens": 8,
+                "temperature": 0, "stream": True}
+        got = 0
+        try:
+            async with http.stream("POST", url, json=body) as resp:
+                assert resp.status_code == 200
+                if kind == "abort_before_body":
+                    return "cut"
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        got += 1
+                        if (kind == "cut_early" and got == 1) or (kind == "cut_late" and got == 4):
+                            return "cut"  # leaving the block closes the connection mid-stream
+                    if line == "data: [DONE]":
+                        return "done"
+        except httpx2.HTTPError:
+            return "cut"
+        return "eof"
+
+    async def main():
+        limits = httpx2.Limits(max_connections=250, max_keepalive_connections=0)
+        async with httpx2.AsyncClient(timeout=300.0, limits=limits) as http:
+            return await asyncio.gather(*(one(http, i, k) for i, k in enumerate(plan)))
+
+    outcomes = asyncio.run(main())
+    assert outcomes.count("done") == plan.count("full")
+    _settled(srv)
+    after = srv.engine.stats()
+    ended = sum(after[k] - before[k] for k in ("requests_finished", "requests_cancelled", "requests_failed"))
+    assert after["requests_submitted"] - before["requests_submitted"] == 200 == ended
+    assert after["requests_cancelled"] > before["requests_cancelled"]  # disconnects cancelled in the engine
+    # The server keeps serving.
+    assert client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, temperature=0).choices
+
+
+def test_metrics_parse_and_move(live):
+    srv, client = live
+    url = f"http://127.0.0.1:{srv.http.port}/metrics"
+
+    def scrape():
+        out = {}
+        for fam in text_string_to_metric_families(httpx2.get(url).text):
+            for sample in fam.samples:
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return out
+
+    a = scrape()
+    client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3, temperature=0)
+    b = scrape()
+    key = ("ninfer:generation_tokens_total", ())
+    assert b[key] - a[key] == 3
+    assert b[("ninfer:requests_submitted_total", ())] == a[("ninfer:requests_submitted_total", ())] + 1
+    assert b[("ninfer:e2e_request_latency_seconds_count", ())] == a[("ninfer:e2e_request_latency_seconds_count", ())] + 1
+    assert ("ninfer:pool_units_total", (("pool", "main_kv"),)) in b
+    assert b[("ninfer:time_to_first_token_seconds_bucket", (("le", "+Inf"),))] >= 1
+    # GetStats and /metrics read the same counters.
+    assert b[("ninfer:prompt_tokens_total", ())] == srv.engine.stats()["prompt_tokens"]
+
+
+def test_ninfer_serve_http_only_drains_a_running_stream_on_sigterm():
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", "--model=fake:tiny", "--port=-1",
+                             "--http_port=0", "--grace_s=5"], stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=os.getcwd())
+    try:
+        address, lines, deadline = None, [], time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            m = re.search(r"serving .* on http://(127\.0\.0\.1:\d+)", line)
+            if m:
+                address = m.group(1)
+                break
+            if not line and proc.poll() is not None:
+                break
+        assert address, "".join(lines)
+        client = openai.OpenAI(api_key="x", base_url=f"http://{address}/v1", max_retries=0, timeout=30)
+        stream = client.chat.completions.create(model="fake:tiny", messages=USER, max_tokens=20, stream=True)
+        next(iter(stream))
+        proc.send_signal(signal.SIGTERM)
+        rest = list(stream)  # the running stream finishes inside the grace period
+        assert [c.choices[0].finish_reason for c in rest if c.choices][-1] in ("stop", "length")
+        assert proc.wait(20) == 0
+        tail = proc.stderr.read()
+        assert "shutting down" in tail and "stopped" in tail
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
