@@ -78,8 +78,8 @@ _TURNS = flags.DEFINE_integer("turns", None, "chat: a multi-turn conversation of
                               "stdin, one per line (also without --turns when stdin holds lines).", lower_bound=1)
 _PROGRAM = flags.DEFINE_enum("program", "model", ["model", "sim"], "trace: the real model or the cost-model Program; "
                               "bench preempt: run only this one (default both).")
-_TRACE_FORMAT = flags.DEFINE_enum("trace_format", "auto", ["auto", "chat", "marconi"],
-                                  "trace: chat-level or Marconi token-level JSONL (auto: by the first line).")
+_TRACE_FORMAT = flags.DEFINE_enum("trace_format", "auto", ["auto", "chat", "marconi", "mooncake"],
+                                  "trace: chat-level, Marconi token-level or Mooncake hash-block JSONL (auto: by the first line).")
 _TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "trace: replay only the first N requests.", lower_bound=1)
 _COLD = flags.DEFINE_bool("cold", True, "trace: also replay with the context cache off (the TTFT baseline).")
 _QUICK = flags.DEFINE_bool("quick", False, "bench preempt: the smallest run (the cost-model Program only, seconds).")
@@ -381,7 +381,7 @@ def cmd_trace(args: list[str]) -> int:
     from ninfer_jax.frontend import FrontendError
 
     if len(args) != 1:
-        print("usage: ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi] [--json]"
+        print("usage: ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi|mooncake] [--json]"
               "   (ninfer trace --help lists its flags)", file=sys.stderr)
         return 2
     try:

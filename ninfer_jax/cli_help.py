@@ -80,7 +80,7 @@ COMMANDS: dict[str, Command] = {
         ("ninfer bench engine --json", "ninfer bench preempt --quick")),
     "trace": Command(
         "replay a chat or Marconi JSONL trace with the context cache on and off",
-        "ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi] [--json] [flags]",
+        "ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi|mooncake] [--json] [flags]",
         "Replays a trace (docs/trace.md) with the context cache on, and off with --cold: reuse "
         "against the offline bound, TTFT cached vs cold.",
         (("trace", ("program", "trace_format", "trace_limit", "cold", "json") + SAMPLING), ("model", MODEL),

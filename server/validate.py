@@ -108,7 +108,9 @@ SAMPLING_BOUNDS: dict[str, Bound] = {
     "max_tokens": Bound("int", 1, False, None, False, "must be a positive int", INT32_MAX),
     "logprobs": Bound("int", 0, False, 20, False, "must be an int in [0, 20]", INT32_MAX),
 }
-# Every SamplingParams field, in its order of checks (ignore_eos is not range-checked).
+# SamplingParams fields the protocol does not carry: replay only (`ninfer trace`, in process).
+REPLAY_ONLY_FIELDS = ("forced_output",)
+# Every other SamplingParams field, in its order of checks (ignore_eos is not range-checked).
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs")
 
@@ -124,6 +126,9 @@ def check_sampling(sampling: Any) -> dict[str, Any] | None:
         return None
     if dataclasses.is_dataclass(sampling) and not isinstance(sampling, type):
         sampling = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)}
+        for name in REPLAY_ONLY_FIELDS:  # unset (empty) in any SamplingParams not made for a replay
+            if sampling.pop(name, None):
+                _fail(f"sampling.{name}", "replay only: the protocol does not carry it")
     elif not isinstance(sampling, Mapping):
         _fail("sampling", f"must be a mapping of SamplingParams fields or a SamplingParams, "
                           f"got {type(sampling).__name__}")

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import statistics
 import sys
 import time
 from typing import Iterable, Sequence
 
-FORMATS = ("chat", "marconi")
-RESERVED_TOP_IDS = 16  # the built-in tokenizer's added tokens sit at the top of the vocabulary
+FORMATS = ("chat", "marconi", "mooncake")
+MOONCAKE_BLOCK = 512  # tokens per hash_id block in Mooncake / AIPerf traces
 
 
 class TraceError(ValueError):
@@ -56,7 +57,6 @@ class TraceRequest:
 class Trace:
     format: str
     requests: tuple[TraceRequest, ...]
-    mapped_ids: int = 0  # token ids moved into the vocabulary (token-level traces)
     output_tokens: tuple[tuple[int, ...], ...] = ()  # token-level: the trace's recorded outputs
 
     @property
@@ -128,10 +128,40 @@ def _marconi_request(obj: dict, where: str, index: int) -> tuple[TraceRequest, t
     return req, output
 
 
+def mooncake_block(hash_id: int, size: int = MOONCAKE_BLOCK) -> tuple[int, ...]:
+    """The token ids standing for one hash block: a pure function of the hash id, in [1, 1000)
+    (inside every vocabulary the tool replays on), so equal hash ids give equal blocks and
+    different ones practically never share a prefix."""
+    rng = random.Random(hash_id * 2654435761 + 97)
+    return tuple(rng.randrange(1, 1000) for _ in range(size))
+
+
+def _mooncake_request(obj: dict, where: str, index: int, block: int) -> TraceRequest:
+    ts = _need(obj, "timestamp", (int, float), where)
+    n_in = _need(obj, "input_length", (int,), where)
+    n_out = _need(obj, "output_length", (int,), where)
+    hashes = _ids(_need(obj, "hash_ids", (list,), where), "hash_ids", where)
+    if n_in < 1:
+        raise TraceError(f"{where}: 'input_length' must be positive")
+    if n_out < 0:
+        raise TraceError(f"{where}: 'output_length' must be non-negative")
+    if len(hashes) != -(-n_in // block):
+        raise TraceError(f"{where}: input_length={n_in} needs {-(-n_in // block)} hash_ids of {block} tokens, "
+                         f"got {len(hashes)}")
+    prompt = tuple(t for h in hashes for t in mooncake_block(h, block))[:n_in]
+    session = obj.get("session_id")
+    if session is not None and not isinstance(session, (int, str)):
+        raise TraceError(f"{where}: 'session_id' must be an int or a string")
+    # Without sessions every request is its own conversation, issued at its timestamp.
+    return TraceRequest(index=index, session=str(session) if session is not None else f"r{index}",
+                        turn=index if session is not None else 0, ts=float(ts) / 1000.0, max_tokens=max(1, n_out),
+                        prompt_ids=prompt, ignore_eos=True)
+
+
 def parse_lines(lines: Iterable[str], fmt: str = "auto", name: str = "trace") -> Trace:
     """Parse JSONL lines (blank lines skipped). `fmt` auto picks by the first request's keys."""
     if fmt not in ("auto",) + FORMATS:
-        raise TraceError(f"unknown trace format {fmt!r}; choose auto, chat or marconi")
+        raise TraceError(f"unknown trace format {fmt!r}; choose auto, chat, marconi or mooncake")
     requests, outputs = [], []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
@@ -144,12 +174,16 @@ def parse_lines(lines: Iterable[str], fmt: str = "auto", name: str = "trace") ->
         if not isinstance(obj, dict):
             raise TraceError(f"{where}: a line must be a JSON object")
         if fmt == "auto":
-            fmt = "marconi" if "input_tokens" in obj else "chat" if "messages" in obj else fmt
+            fmt = ("marconi" if "input_tokens" in obj else "chat" if "messages" in obj
+                   else "mooncake" if "hash_ids" in obj else fmt)
             if fmt == "auto":
-                raise TraceError(f"{where}: neither a chat request ('messages') nor a Marconi request "
-                                 f"('input_tokens')")
+                raise TraceError(f"{where}: neither a chat request ('messages'), a Marconi request "
+                                 f"('input_tokens') nor a Mooncake request ('hash_ids')")
         if fmt == "chat":
             requests.append(_chat_request(obj, where, len(requests)))
+        elif fmt == "mooncake":
+            requests.append(_mooncake_request(obj, where, len(requests), MOONCAKE_BLOCK))
+            outputs.append(())
         else:
             req, out = _marconi_request(obj, where, len(requests))
             requests.append(req)
@@ -177,21 +211,17 @@ def load_trace(path: str, fmt: str = "auto") -> Trace:
         raise TraceError(f"{path}: {e.strerror}") from None
 
 
-def map_into_vocab(trace: Trace, vocab_size: int) -> Trace:
-    """A token-level trace whose ids reach past the vocabulary gets every id mapped to
-    `id % (vocab_size - 16)` (the ordinary range: the top 16 ids are added tokens). Equal ids stay
-    equal, so shared prefixes stay shared; `mapped_ids` counts the ids that changed."""
-    if trace.format != "marconi":
-        return trace
-    top = max(max(r.prompt_ids) for r in trace.requests)
-    top = max([top] + [max(o) for o in trace.output_tokens if o])
-    if top < vocab_size:
-        return trace
-    mod = max(1, vocab_size - RESERVED_TOP_IDS)
-    changed = sum(t != t % mod for r in trace.requests for t in r.prompt_ids)
-    reqs = tuple(dataclasses.replace(r, prompt_ids=tuple(t % mod for t in r.prompt_ids)) for r in trace.requests)
-    outs = tuple(tuple(t % mod for t in o) for o in trace.output_tokens)
-    return dataclasses.replace(trace, requests=reqs, output_tokens=outs, mapped_ids=changed)
+def check_vocab(trace: Trace, vocab_size: int, model: str = "the model") -> None:
+    """A token-level trace must lie inside the vocabulary it is replayed on: ids are never
+    folded (folding invents shared prefixes). TraceError naming the first request beyond it."""
+    if trace.format not in ("marconi", "mooncake"):
+        return
+    for r, out in zip(trace.requests, trace.output_tokens or ((),) * len(trace.requests)):
+        top = max(r.prompt_ids + tuple(out))
+        if top >= vocab_size:
+            raise TraceError(f"request {r.index} (session {r.session!r}, turn {r.turn}) has token id {top}, beyond "
+                             f"the vocabulary of {model} ({vocab_size}): replay it on a model whose vocabulary "
+                             f"covers the trace (`--program=sim --model=FOLDER` needs only a config.json)")
 
 
 # ---- assistant replies back into the history ------------------------------------------------------
@@ -258,6 +288,7 @@ class Replayer:
         program = engine.program  # the Program's clock: modelled seconds on SimProgram, wall seconds otherwise
         self.clock = getattr(program, "clock", None) or time.perf_counter
         self.clock_kind = "modelled" if hasattr(program, "sim_seconds") else "wall"
+        self.forced = {r.index: tuple(out) for r, out in zip(trace.requests, trace.output_tokens) if out}
         self.queues: dict[str, list[TraceRequest]] = {}
         for r in sorted(trace.requests, key=lambda r: (r.turn, r.ts, r.index)):
             self.queues.setdefault(r.session, []).append(r)
@@ -269,8 +300,12 @@ class Replayer:
     def _sampling(self, req: TraceRequest):
         from ninfer_jax import SamplingParams
 
+        # A recorded output is replayed as it was (forced), so the request ends where the trace's
+        # did and the next turn, which extends it, finds that end (E) in the cache.
+        forced = self.forced.get(req.index, ())
         return SamplingParams(temperature=self.temperature, seed=self.seed + req.index, ignore_eos=req.ignore_eos,
-                              max_tokens=req.max_tokens or self.default_max_tokens)
+                              max_tokens=len(forced) if forced else req.max_tokens or self.default_max_tokens,
+                              forced_output=forced)
 
     def _submit(self, req: TraceRequest):
         rid = f"trace-{req.index}"
@@ -362,7 +397,7 @@ def make_engine(config, program: str, share=None):
         from ninfer_jax.sim import SimProgram
 
         config = dataclasses.replace(config, progress=False)
-        return Engine(config, program=SimProgram(config), start=False)
+        return Engine(config, program=SimProgram.for_model(config), start=False)
     if program != "model":
         raise ValueError(f"--program must be 'model' or 'sim', got {program!r}")
     if share is None:
@@ -394,11 +429,7 @@ def replay_once(config, program: str, trace: Trace, label: str, share: _Shared |
     can reuse."""
     engine = make_engine(config, program, share)
     try:
-        trace = map_into_vocab(trace, engine.program.vocab_size)
-        if trace.mapped_ids and label == "cached run":
-            print(f"[trace] token ids beyond the vocabulary ({engine.program.vocab_size}): every id mapped to "
-                  f"id % {engine.program.vocab_size - RESERVED_TOP_IDS}; {trace.mapped_ids} prompt ids changed",
-                  file=sys.stderr)
+        check_vocab(trace, engine.program.vocab_size, config.model)
         result = Replayer(engine, trace, concurrency=kw.pop("concurrency", None) or config.max_concurrency,
                           progress=label, **kw).run()
         return result, (_Shared(engine.program) if program == "model" else None)
@@ -462,7 +493,7 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
     fig = {
         "program": program, "clock": hot.clock, "format": trace.format, "sessions": trace.sessions,
         "requests": len(trace.requests), "requests_failed": sum(o.finish_reason == "error" for o in hot.outcomes),
-        "token_ids_mapped": trace.mapped_ids,
+        "forced_outputs": sum(1 for o in trace.output_tokens if o),
         "prompt_tokens": prompt, "cached_tokens": cached, "reuse_pct": _pct(cached, prompt),
         "upper_bound_tokens": bound, "upper_bound_pct": _pct(bound, prompt),
         "upper_bound_within_sessions_tokens": offline_upper_bound(hot.outcomes, within_sessions=True),

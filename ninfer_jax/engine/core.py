@@ -102,11 +102,15 @@ class EngineCore(UnitPlanning):
                      session=None) -> Request:
         """Validate at the boundary (doctrine 3) and build the record; nothing is queued yet."""
         prompt = check_submission(prompt, self.program.vocab_size, self.max_context)
+        vocab = self.program.vocab_size
+        bad = next((t for t in sp.forced_output if t >= vocab), None)
+        if bad is not None:
+            raise RequestError(f"sampling.forced_output: token id {bad} outside the vocabulary [0, {vocab})")
         ticket = next(self._tickets)
         rid = request_id or f"req-{ticket}"
         seed = sp.seed if sp.seed is not None else random.getrandbits(63)
         stop_ids = set(sp.stop_token_ids)
-        if not sp.ignore_eos:
+        if not sp.ignore_eos and not sp.forced_output:  # a forced output ends where it was recorded
             stop_ids |= set(self.program.eos_token_ids)
         handle = RequestHandle(rid, cancel_fn)
         if saves is None:  # a raw prompt: its input end is the recovery position P (REC-6)
@@ -115,7 +119,8 @@ class EngineCore(UnitPlanning):
         splits = tuple(sorted({f for f in splits if 0 < f < len(prompt)} | {s.frontier for s in saves}))
         return Request(ticket=ticket, request_id=rid, prompt=prompt, sampling=sp, seed=seed,
                        max_context=self.max_context, handle=handle,
-                       detok=Detokenizer(self.decode_text, sp.stop), stop_ids=frozenset(stop_ids),
+                       detok=Detokenizer(self.decode_text, () if sp.forced_output else sp.stop),
+                       stop_ids=frozenset(stop_ids),
                        saves=saves, splits=splits, session=session, t_submit=self.program.clock())
 
     # ---- the cycle (engine thread) ---------------------------------------------------------
@@ -353,9 +358,13 @@ class EngineCore(UnitPlanning):
         rows share one argmax), else drawn from `logits` here."""
         self.preempt.end_recovery(req)  # RES-5: a generated token is real new progress
         lp = None
-        if token is None:
+        sp = req.sampling
+        if sp.forced_output:  # replay of a recorded output: the same decode path, no draw
+            token = sp.forced_output[len(req.output)]
+            lp = sampling.logprob_of(logits, sp, token, req.prompt, req.output) if sp.logprobs else None
+        elif token is None:
             position = len(req.prompt) + len(req.output)
-            token, lp = sampling.sample(logits, req.sampling, req.seed, position, req.prompt, req.output)
+            token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, req.output)
         now = self.program.clock()
         if req.t_first_token is None:
             req.t_first_token = now
@@ -372,7 +381,7 @@ class EngineCore(UnitPlanning):
         text = req.detok.push(token)
         req.text += text
         req.handle._push(TokenDelta((token,), text, (lp,) if lp is not None else ()))
-        if req.detok.stopped or token in req.stop_ids:
+        if req.detok.stopped or token in req.stop_ids or len(req.output) == len(sp.forced_output) > 0:
             self._finish(req, "stop")
         elif len(req.output) >= req.sampling.max_tokens or len(req.prompt) + len(req.output) >= req.max_context:
             self._finish(req, "length")

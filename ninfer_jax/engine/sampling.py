@@ -25,7 +25,7 @@ def plain_greedy(sp: SamplingParams) -> bool:
     """Greedy with nothing that reshapes or reports the distribution: the token is the argmax of
     the raw logits, so a batch of such rows is chosen by one argmax (`greedy_rows`)."""
     return (sp.greedy and not sp.logprobs and sp.repetition_penalty == 1.0 and not sp.presence_penalty
-            and not sp.frequency_penalty)
+            and not sp.frequency_penalty and not sp.forced_output)
 
 
 def greedy_rows(logits: np.ndarray) -> list[int]:
@@ -52,6 +52,14 @@ def _penalised(logits: np.ndarray, sp: SamplingParams, prompt: Sequence[int], ou
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     m = x.max()
     return x - m - np.log(np.exp(x - m).sum())
+
+
+def logprob_of(logits: np.ndarray, sp: SamplingParams, token: int, prompt: Sequence[int],
+               output: Sequence[int]) -> TokenLogprob:
+    """The logprob entry of a token chosen elsewhere (a forced output), as `sample` reports it."""
+    lp = _log_softmax(_penalised(logits, sp, prompt, output))
+    top_ids = np.argsort(-lp, kind="stable")[:sp.logprobs]
+    return TokenLogprob(token, float(lp[token]), tuple((int(i), float(lp[i])) for i in top_ids))
 
 
 def sample(logits: np.ndarray, sp: SamplingParams, seed: int, position: int,

@@ -35,6 +35,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int = 0  # how many top logprobs to return per token (0 = none)
+    # Replay only: the engine emits exactly these tokens, through the normal decode path, and
+    # ends ("stop") after the last one (or at max_tokens / max_context). No sampling, no stop
+    # strings or eos: a trace replayed this way ends where the recorded request ended.
+    forced_output: tuple[int, ...] = ()
 
     def __post_init__(self):
         def bad(field, why):
@@ -73,6 +77,12 @@ class SamplingParams:
             bad("stop_token_ids", "must be non-negative ints")
         if not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20:
             bad("logprobs", f"must be an int in [0, 20], got {self.logprobs!r}")
+        try:
+            object.__setattr__(self, "forced_output", tuple(self.forced_output))
+        except TypeError:
+            bad("forced_output", f"must be a list of token ids, got {self.forced_output!r}")
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.forced_output):
+            bad("forced_output", "must be non-negative ints")
 
     @property
     def greedy(self) -> bool:

@@ -34,13 +34,15 @@ from ninfer_jax.program.unit_pool import UnitPool
 
 
 class ProgramStores:
+    arena_cls = HostArenaBuffer  # what holds the Host bytes (the cost-model Program keeps none)
+
     def __init__(self, pools: Sequence[UnitPool], host_capacity_bytes: int):
         self.pools: dict[str, UnitPool] = {}
         for p in pools:
             if p.pool_id in self.pools:
                 raise ValueError(f"duplicate pool id {p.pool_id!r}")
             self.pools[p.pool_id] = p
-        self.arena = HostArenaBuffer(host_capacity_bytes)
+        self.arena = self.arena_cls(host_capacity_bytes)
         self.transfers = Transfers(self.arena)
         self._generation = None  # the transaction whose submit is being run (its copies' tag)
         self.config = LedgerConfig(tuple(p.spec() for p in pools), host_capacity_bytes).validate()
@@ -108,6 +110,6 @@ class ProgramStores:
             pool = self.pools[spec.pool_id]
             if pool.spec() != spec:
                 raise ledger.IntegrityError(f"pool {spec.pool_id!r} buffers {pool.spec()} differ from the ledger {spec}")
-        if self.arena.buf.size != self.config.host_capacity_bytes:
-            raise ledger.IntegrityError(f"arena buffer {self.arena.buf.size} B, ledger {self.config.host_capacity_bytes} B")
+        if self.arena.capacity != self.config.host_capacity_bytes:
+            raise ledger.IntegrityError(f"arena buffer {self.arena.capacity} B, ledger {self.config.host_capacity_bytes} B")
         return recount

@@ -58,9 +58,20 @@ class _SizedPool:
         return self._spec
 
 
+class _NoHostBytes:
+    """A Host arena of `capacity` bytes that holds none: the ledger's `HostArena` does all the
+    accounting, and nothing here reads bytes back (a 256 GiB arena costs nothing)."""
+
+    def __init__(self, capacity_bytes: int):
+        self.capacity = capacity_bytes
+        self.guard = None
+
+
 class _LedgerOnlyStores(ProgramStores):
     """The real ledger over `_SizedPool`s: plans commit and are checked as usual; the byte
     effects are only timed (by the Program), since nothing here ever reads bytes back."""
+
+    arena_cls = _NoHostBytes
 
     def _run(self, effects) -> None:
         pass
@@ -101,6 +112,19 @@ class SimProgram:
         self.sim_seconds = 0.0
         self.compilations = 0
         self.execution_tag = f"sim|{config.model}|{self.dtype}"
+
+    @classmethod
+    def for_model(cls, config: EngineConfig, cost: CostModel = CostModel()) -> "SimProgram":
+        """The cost-model Program for `config.model`: the built-in model's geometry in one-byte
+        units, or any model folder's `config.json` alone (no weights are read) with its real
+        unit sizes, vocabulary and eos, and the capacity the real Program would resolve
+        (`device_memory_bytes` standing for the device; `ninfer_jax/sim/geometries/` ships
+        config-only folders)."""
+        if config.model.startswith("builtin:"):
+            return cls(config, cost=cost)
+        from ninfer_jax.model.config import load_config
+
+        return cls(config, load_config(config.model), cost, model_bytes=True)
 
     @property
     def state(self) -> ledger.LedgerState:

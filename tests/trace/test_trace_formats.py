@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from ninfer_jax.bench.trace import TraceError, load_trace, map_into_vocab, parse_lines
+from ninfer_jax.bench.trace import TraceError, check_vocab, load_trace, mooncake_block, parse_lines
 from trace_helpers import marconi_line
 
 SYSTEM = {"role": "system", "content": "Be brief."}
@@ -100,14 +100,33 @@ def test_empty_and_missing_files(tmp_path):
         load_trace(str(tmp_path / "missing.jsonl"))
 
 
-def test_ids_beyond_the_vocabulary_map_deterministically_and_keep_shared_prefixes():
-    tr = parse_lines([marconi_line(1, 0, 0, [5, 70000, 151000], [3000]),
+def test_ids_beyond_the_vocabulary_are_refused_never_folded():
+    """Folding ids into a small vocabulary would invent shared prefixes: refused, naming the
+    request and what to do instead."""
+    tr = parse_lines([marconi_line(1, 0, 0, [5, 70, 151], [30]),
                       marconi_line(2, 0, 1, [5, 70000, 8], [1])])
-    mapped = map_into_vocab(tr, 1024)
-    a, b = (r.prompt_ids for r in mapped.requests)
-    assert all(0 <= t < 1008 for t in a + b)  # the top 16 ids are the built-in added tokens
-    assert a == (5, 70000 % 1008, 151000 % 1008) and a[:2] == b[:2]
-    assert mapped.output_tokens[0] == (3000 % 1008,)
-    assert mapped.mapped_ids == 3 and map_into_vocab(tr, 1024) == mapped
-    small = parse_lines([marconi_line(1, 0, 0, [5, 1009], [3])])
-    assert map_into_vocab(small, 1024) is small  # in range: untouched
+    check_vocab(tr, 151936)  # a Qwen-sized vocabulary covers it
+    with pytest.raises(TraceError, match=r"request 1 .*token id 70000.*--model=FOLDER"):
+        check_vocab(tr, 1024)
+    out_of_range = parse_lines([marconi_line(1, 0, 0, [5, 6], [2000])])
+    with pytest.raises(TraceError, match="token id 2000"):
+        check_vocab(out_of_range, 1024)  # recorded outputs are replayed too: checked alike
+
+
+def test_mooncake_lines_parse_into_shared_blocks(tmp_path):
+    lines = [json.dumps({"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [7, 8]}),
+             json.dumps({"timestamp": 250, "input_length": 1000, "output_length": 2, "hash_ids": [7, 9],
+                         "session_id": "s"}),
+             json.dumps({"timestamp": 500, "input_length": 10, "output_length": 0, "hash_ids": [7]})]
+    tr = parse_lines(lines)
+    assert tr.format == "mooncake" and [len(r.prompt_ids) for r in tr.requests] == [600, 1000, 10]
+    a, b, c = (r.prompt_ids for r in tr.requests)
+    assert a[:512] == b[:512] == mooncake_block(7) and a[:10] == c and a[512:] != b[512:600]
+    assert [r.max_tokens for r in tr.requests] == [4, 2, 1] and all(r.ignore_eos for r in tr.requests)
+    assert [r.ts for r in tr.requests] == [0.0, 0.25, 0.5]  # milliseconds in the file
+    assert tr.requests[1].session == "s" and tr.requests[0].session != tr.requests[2].session
+    check_vocab(tr, 1024)
+    with pytest.raises(TraceError, match=r"trace:1: input_length=600 needs 2 hash_ids"):
+        parse_lines([json.dumps({"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [7]})])
+    with pytest.raises(TraceError, match=r"trace:1: .*'output_length'"):
+        parse_lines([json.dumps({"timestamp": 0, "input_length": 6, "hash_ids": [7]})])

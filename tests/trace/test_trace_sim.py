@@ -20,13 +20,13 @@ SYSTEM = list(range(100, 300))  # 200 tokens every session opens with
 @pytest.fixture(scope="module")
 def known(tmp_path_factory):
     """Two sessions of three turns over a shared 200-token prefix; every turn extends the
-    previous prompt (ids past the vocabulary, so they are mapped)."""
+    previous prompt and its recorded output (replayed as forced outputs, so E is a source)."""
     lines = []
     for s in range(2):
-        prompt = SYSTEM + [2000 + s]
+        prompt = SYSTEM + [400 + s]
         for turn in range(3):
-            lines.append(marconi_line(s, turn, turn + 0.1 * s, prompt, [5000 + turn] * 4))
-            prompt = prompt + [5000 + turn] * 4 + [3000 + 10 * s + turn] * 20
+            lines.append(marconi_line(s, turn, turn + 0.1 * s, prompt, [500 + turn] * 4))
+            prompt = prompt + [500 + turn] * 4 + [600 + 10 * s + turn] * 20
     path = write_lines(tmp_path_factory.mktemp("known") / "known.jsonl", lines)
     return T.run_trace(path, CFG, program="sim", cold=True)
 
@@ -34,7 +34,7 @@ def known(tmp_path_factory):
 def test_known_trace_counts_add_up(known):
     f = known
     assert (f["program"], f["clock"], f["format"], f["requests"], f["sessions"]) == ("sim", "modelled", "marconi", 6, 2)
-    assert f["requests_failed"] == 0 and f["token_ids_mapped"] > 0
+    assert f["requests_failed"] == 0 and f["forced_outputs"] == 6
     assert f["prompt_tokens"] == 2 * (201 + 225 + 249)
     assert f["generated_tokens"] == 6 * 4  # ignore_eos: exactly num_output_tokens each
     assert f["prefill_tokens"] + f["reused_tokens"] == f["prompt_tokens"]
@@ -131,3 +131,14 @@ def test_ninfer_trace_errors(tmp_path):
     bad.write_text('{"messages": "x"}\n')
     assert cli.cmd_trace([str(bad)]) == 2
     assert cli.cmd_trace([str(tmp_path / "none.jsonl")]) == 2
+
+
+def test_a_turn_extending_the_previous_prompt_and_output_reuses_e(tmp_path):
+    """Recorded outputs are replayed (forced), so request 2, which extends request 1's prompt
+    and output, binds at E: every token but the last output one is served from the cache."""
+    p1, out1 = list(range(100, 400)), [7, 8, 9, 10, 11]
+    p2 = p1 + out1 + [20, 21, 22]
+    path = write_lines(tmp_path / "e.jsonl", [marconi_line(0, 0, 0.0, p1, out1), marconi_line(0, 1, 1.0, p2, [3])])
+    f = T.run_trace(path, CFG, program="sim", cold=False)
+    assert f["forced_outputs"] == 2 and f["generated_tokens"] == len(out1) + 1
+    assert f["cached_tokens"] == len(p1) + len(out1) - 1
