@@ -80,6 +80,8 @@ _PROGRAM = flags.DEFINE_enum("program", "model", ["model", "sim"], "trace: the r
                               "bench preempt: run only this one (default both).")
 _TRACE_FORMAT = flags.DEFINE_enum("trace_format", "auto", ["auto", "chat", "marconi", "mooncake"],
                                   "trace: chat-level, Marconi token-level or Mooncake hash-block JSONL (auto: by the first line).")
+_REPORT = flags.DEFINE_string("report", None, "trace: write the figures as JSON, PNG plots (TTFT CDF, reuse by "
+                               "turn, pool occupancy, pauses) and summary.md into this folder.")
 _TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "trace: replay only the first N requests.", lower_bound=1)
 _COLD = flags.DEFINE_bool("cold", True, "trace: also replay with the context cache off (the TTFT baseline).")
 _QUICK = flags.DEFINE_bool("quick", False, "bench preempt: the smallest run (the cost-model Program only, seconds).")
@@ -401,7 +403,7 @@ def cmd_trace(args: list[str]) -> int:
     try:
         figures = run_trace(args[0], config, program=_PROGRAM.value, fmt=_TRACE_FORMAT.value,
                             cold=_COLD.value, limit=_TRACE_LIMIT.value, temperature=_TEMPERATURE.value,
-                            seed=_SEED.value, default_max_tokens=_MAX_TOKENS.value)
+                            seed=_SEED.value, default_max_tokens=_MAX_TOKENS.value, report=_REPORT.value)
     except TraceError as e:
         print(f"ninfer trace: {e}", file=sys.stderr)
         return 2

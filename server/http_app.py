@@ -279,8 +279,10 @@ def build_app(front: OpenAIFront) -> FastAPI:
         max_context = int(engine.model_info()["max_context"])
         prompt, sampling, top = _submit(front, lambda: oc.completion_request(req, front.limits, max_context))
         rid = oc.new_id("cmpl")
-        handle = await asyncio.to_thread(_submit, front, lambda: engine.submit(
-            prompt, sampling, request_id=rid, **({"session": req.session} if req.session else {})))
+        saves = {k: v for k, v in (("session", req.session), ("anchors", req.anchors), ("markers", req.markers),
+                                   ("recovery_point", req.recovery_point)) if v}
+        handle = await asyncio.to_thread(_submit, front, lambda: engine.submit(prompt, sampling, request_id=rid,
+                                                                             **saves))
         decode = getattr(engine, "tokenizer_decode", None)
         q = front.relay(handle)
         if not req.stream:

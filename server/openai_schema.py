@@ -7,7 +7,8 @@ field's servers do (clients send vendor extensions), except that their names are
 
 Extensions (docs/http.md): `cache_markers` (SH-1..4, the wire form: non-negative indices),
 `anchors` (REC-1 private anchors, same form), `session` (session affinity of sources),
-`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`.
+`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`; on completions, `recovery_point`,
+`anchors` and `markers` as token frontiers (Engine.submit's explicit save points).
 """
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ class CompletionRequest(_Sampling):
     echo: Optional[bool] = None
     best_of: Optional[int] = None
     suffix: Optional[str] = None
+    # extensions: explicit save points of a pre-tokenised prompt (Engine.submit's)
+    recovery_point: Optional[int] = None
+    anchors: Optional[list[int]] = None
+    markers: Optional[list[int]] = None
 
 
 class ResponsesRequest(_Body):

@@ -96,7 +96,8 @@ class FakeEngine:
 
     # --- public surface ----------------------------------------------------------------------
     def submit(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None, *,
-               request_id: str | None = None, session=None) -> FakeHandle:
+               request_id: str | None = None, session=None, anchors=(), markers=(),
+               recovery_point=None) -> FakeHandle:
         if self._inject:
             raise self._inject.pop(0)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)

@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 
 FORMATS = ("chat", "marconi", "mooncake")
 MOONCAKE_BLOCK = 512  # tokens per hash_id block in Mooncake / AIPerf traces
+SAMPLE_EVERY, MAX_SAMPLES = 16, 2000  # occupancy samples (cycles apart; at most this many kept)
 
 
 class TraceError(ValueError):
@@ -51,6 +52,10 @@ class TraceRequest:
     reply: dict | None = None  # chat-level: the assistant message appended after the request
     full_history: bool = False  # chat-level: `messages` is the whole conversation
     ignore_eos: bool = False  # token-level: generate exactly num_output_tokens
+    # token-level: explicit save points (Engine.submit's recovery_point, anchors, markers)
+    recovery_point: int | None = None
+    anchors: tuple[int, ...] = ()
+    markers: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +128,29 @@ def _marconi_request(obj: dict, where: str, index: int) -> tuple[TraceRequest, t
         n_out = len(output)
     if n_out < 0 or output and n_out != len(output):
         raise TraceError(f"{where}: num_output_tokens={n_out} but output_tokens holds {len(output)} ids")
+    saves = _save_points(obj, where, len(prompt))
     req = TraceRequest(index=index, session=str(session), turn=turn, ts=float(ts), max_tokens=max(1, n_out),
-                       prompt_ids=prompt, ignore_eos=True)
+                       prompt_ids=prompt, ignore_eos=True, **saves)
     return req, output
+
+
+def _save_points(obj: dict, where: str, n: int) -> dict:
+    """Optional `recovery_point` (int), `anchors` and `markers` (lists of at most 4 ints): token
+    frontiers in [1, n] where the client knows its chat structure lies."""
+    out: dict = {}
+    rp = _need(obj, "recovery_point", (int,), where, optional=True)
+    if rp is not None:
+        if not 1 <= rp <= n:
+            raise TraceError(f"{where}: 'recovery_point' {rp} outside [1, {n}]")
+        out["recovery_point"] = rp
+    for key in ("anchors", "markers"):
+        values = _need(obj, key, (list,), where, optional=True)
+        if values is None:
+            continue
+        if len(values) > 4 or any(not isinstance(f, int) or isinstance(f, bool) or not 1 <= f <= n for f in values):
+            raise TraceError(f"{where}: {key!r} must be at most 4 token frontiers in [1, {n}]")
+        out[key] = tuple(values)
+    return out
 
 
 def mooncake_block(hash_id: int, size: int = MOONCAKE_BLOCK) -> tuple[int, ...]:
@@ -263,7 +288,8 @@ class RunResult:
     stats: dict
     seconds: float
     clock: str  # "modelled" | "wall"
-    trace: Trace | None = None  # the trace as replayed (token ids mapped into this vocabulary)
+    trace: Trace | None = None  # the trace as replayed
+    samples: list = dataclasses.field(default_factory=list)  # pool occupancy and pauses over the run
 
 
 class _Flight:
@@ -310,7 +336,10 @@ class Replayer:
     def _submit(self, req: TraceRequest):
         rid = f"trace-{req.index}"
         if req.prompt_ids is not None:
-            return self.engine.submit(list(req.prompt_ids), self._sampling(req), request_id=rid, session=req.session)
+            saves = {k: v for k, v in (("anchors", req.anchors), ("markers", req.markers),
+                                       ("recovery_point", req.recovery_point)) if v}
+            return self.engine.submit(list(req.prompt_ids), self._sampling(req), request_id=rid, session=req.session,
+                                      **saves)
         if req.tools is not None:
             self.tools[req.session] = req.tools
         hist = self.history[req.session]
@@ -352,10 +381,24 @@ class Replayer:
         from ninfer_jax.errors import NInferError
         from ninfer_jax.frontend import FrontendError
 
+        from ninfer_jax.engine.observe import occupancy
+
         start = time.perf_counter()
         total = len(self.trace.requests)
         outcomes: list[Outcome] = []
         flights: list[_Flight] = []
+        samples: list[dict] = []
+        cycles = 0
+        core = getattr(self.engine, "core", None)  # a stand-in engine (tests) reports no occupancy
+
+        def sample():
+            if core is None:
+                return
+            row = {"t": self.clock(), **occupancy(self.engine.program.state)}
+            row.update({k: core.counters[k] for k in ("pauses_snapshot", "pauses_replay", "resumes_snapshot",
+                                                      "resumes_replay")})
+            samples.append(row)
+
         while len(outcomes) < total:
             room = self.concurrency - len(flights)
             for req in self._ready()[:room] if room > 0 else ():
@@ -373,6 +416,9 @@ class Replayer:
                     raise RuntimeError("trace replay stalled: requests left but none can be issued")
                 continue
             self.engine.step()
+            cycles += 1
+            if cycles % SAMPLE_EVERY == 0:
+                sample()
             now = self.clock()
             for f in list(flights):
                 if f.ttft is None and f.started():
@@ -383,7 +429,9 @@ class Replayer:
                     if self.progress and len(outcomes) % 200 == 0:
                         print(f"[trace] {self.progress}: {len(outcomes)}/{total} requests", file=sys.stderr)
         self.engine.check_integrity()
-        return RunResult(outcomes, self.engine.stats(), time.perf_counter() - start, self.clock_kind, self.trace)
+        sample()
+        return RunResult(outcomes, self.engine.stats(), time.perf_counter() - start, self.clock_kind, self.trace,
+                         samples[::max(1, len(samples) // MAX_SAMPLES)])
 
 
 # ---- engines and the two runs ---------------------------------------------------------------------
@@ -533,8 +581,9 @@ def outputs_differing(a: RunResult, b: RunResult) -> int:
 
 
 def run_trace(path: str, config, *, program: str = "model", fmt: str = "auto", cold: bool = True,
-              limit: int | None = None, **kw) -> dict:
-    """Load, replay cached (and cold), and return the figures."""
+              limit: int | None = None, report: str | None = None, **kw) -> dict:
+    """Load, replay cached (and cold), and return the figures; `report`: a folder for the
+    figures as JSON, PNG plots and a summary (bench/trace_report.py)."""
     trace = load_trace(path, fmt)
     if limit:
         trace = dataclasses.replace(trace, requests=trace.requests[:limit], output_tokens=trace.output_tokens[:limit])
@@ -550,4 +599,10 @@ def run_trace(path: str, config, *, program: str = "model", fmt: str = "auto", c
         # The cold run: a fresh Program (empty pools, cache off) on the model and compiled steps
         # the cached run loaded, so the model is loaded and compiled once.
         cold_run, _ = replay_once(cfg or config, program, trace, "cold run", share=shared, **dict(kw))
-    return figures(hot.trace, hot, cold_run, program=program, cold_disabled=disabled)
+    out = figures(hot.trace, hot, cold_run, program=program, cold_disabled=disabled)
+    if report:
+        from ninfer_jax.bench.trace_report import write_report
+
+        written = write_report(report, out, hot, cold_run)
+        print(f"[trace] report: {len(written)} files in {report} (summary.md)", file=sys.stderr)
+    return out

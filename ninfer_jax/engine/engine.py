@@ -204,14 +204,23 @@ class Engine:
 
     def submit(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None, *,
                request_id: str | None = None, session=None, anchors: Sequence[int] = (),
-               markers: Sequence[int] = ()) -> RequestHandle:
-        """Queue one raw prompt; returns at once with its handle. Its input end is the recovery
-        position P (REC-6); `anchors` are explicit private anchor frontiers (REC-1, at most 4),
-        `markers` token frontiers for shared entries (SH-1, at most 4)."""
+               markers: Sequence[int] = (), recovery_point: int | None = None) -> RequestHandle:
+        """Queue one raw prompt; returns at once with its handle. Its input recovery position is
+        P, the prompt's end (REC-6), unless `recovery_point` names another token frontier (a
+        pre-tokenising client that knows where its chat structure lies: the end of the
+        conversation before the generation prompt, say); `anchors` are explicit private anchor
+        frontiers (REC-1, at most 4), `markers` token frontiers for shared entries (SH-1, at
+        most 4). A frontier outside [1, len(prompt)] is refused, never dropped."""
         ids = self._prompt_ids(prompt)
         if len(set(markers)) > 4:
             raise RequestError("markers: at most 4 shared markers per request (SH-2)")
-        saves = {len(ids): SavePoint(len(ids))}
+        for name, values in (("anchors", anchors), ("markers", markers),
+                             ("recovery_point", () if recovery_point is None else (recovery_point,))):
+            for f in values:
+                if not isinstance(f, int) or isinstance(f, bool) or not 1 <= f <= len(ids):
+                    raise RequestError(f"{name}: token frontier {f!r} outside [1, {len(ids)}] (the prompt's length)")
+        end = len(ids) if recovery_point is None else recovery_point
+        saves = {end: SavePoint(end)}
         for f in anchors:
             saves[int(f)] = SavePoint(int(f), PointKind.ANCHOR)
         for f in markers:

@@ -84,6 +84,20 @@ def test_completions_with_token_ids_and_logprobs(live):
     _settled(srv)
 
 
+def test_completions_carry_explicit_save_points(live):
+    """A pre-tokenising client names its chat structure: a later prompt that leaves this one at
+    that frontier is served from it (extension fields, Engine.submit's save points)."""
+    srv, client = live
+    ids = [(11 * i + 5) % 997 for i in range(120)]
+    client.completions.create(model=MODEL, prompt=ids, max_tokens=2, temperature=0,
+                              extra_body={"markers": [64], "recovery_point": 100})
+    got = client.completions.create(model=MODEL, prompt=ids[:100] + [1, 2, 3], max_tokens=2, temperature=0)
+    assert got.usage.prompt_tokens_details.cached_tokens == 100
+    with pytest.raises(openai.BadRequestError, match="outside"):
+        client.completions.create(model=MODEL, prompt=ids, max_tokens=2, extra_body={"anchors": [500]})
+    _settled(srv)
+
+
 def test_second_agent_turn_reports_cached_tokens_equal_to_the_engine_counter(live):
     srv, client = live
     history = [{"role": "system", "content": "You are a weather agent."}, {"role": "user", "content": "Paris?"}]
