@@ -84,6 +84,8 @@ _REPORT = flags.DEFINE_string("report", None, "trace: write the figures as JSON,
                                "turn, pool occupancy, pauses) and summary.md into this folder.")
 _TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "trace: replay only the first N requests.", lower_bound=1)
 _COLD = flags.DEFINE_bool("cold", True, "trace: also replay with the context cache off (the TTFT baseline).")
+_BRANCH_POINTS = flags.DEFINE_bool("branch_points", None, "Context cache: offer raw prompts a shared save point "
+                                   "where they leave every recently seen prompt (default on).")
 _QUICK = flags.DEFINE_bool("quick", False, "bench preempt: the smallest run (the cost-model Program only, seconds).")
 
 COMMANDS = tuple(cli_help.COMMANDS)
@@ -193,7 +195,7 @@ def _engine_settings() -> dict:
             "max_context": _MAX_CONTEXT.value, "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value,
             "pause_route": _PAUSE_ROUTE.value, "device_state_slots": _DEVICE_STATE_SLOTS.value,
             "host_capacity_bytes": _HOST_CAPACITY_BYTES.value, "device_memory_bytes": _DEVICE_MEMORY_BYTES.value,
-            "device_memory_fraction": _DEVICE_MEMORY_FRACTION.value}
+            "device_memory_fraction": _DEVICE_MEMORY_FRACTION.value, "branch_points": _BRANCH_POINTS.value}
 
 
 def engine_config_from_flags():
@@ -202,8 +204,10 @@ def engine_config_from_flags():
     from ninfer_jax import ContextCacheConfig, EngineConfig
 
     given = _engine_settings()
+    branch = given.pop("branch_points")
     cache = ContextCacheConfig(device_state_slots=given.pop("device_state_slots"),
-                               host_capacity_bytes=given.pop("host_capacity_bytes"))
+                               host_capacity_bytes=given.pop("host_capacity_bytes"),
+                               **({} if branch is None else {"branch_points": branch}))
     return EngineConfig(model=_MODEL.value, context_cache=cache, **{k: v for k, v in given.items() if v is not None})
 
 

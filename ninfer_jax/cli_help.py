@@ -21,7 +21,7 @@ SAMPLING = ("max_tokens", "temperature", "seed")
 MODEL = ("model", "dtype")
 REMOTE = ("server", "token", "timeout", "wait_s")
 ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_route", "device_state_slots",
-          "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction", "compilation_cache")
+          "host_capacity_bytes", "branch_points", "device_memory_bytes", "device_memory_fraction", "compilation_cache")
 # What sizes the capacity plan (ninfer plan); the other engine flags are accepted and change nothing.
 CAPACITY = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "device_state_slots",
             "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction")

@@ -31,10 +31,15 @@ class ContextCacheConfig:
     device_state_slots: int | None = None
     host_capacity_bytes: int | None = None
     enabled: bool = True  # False: no captures, no E, no reuse (the cold baseline)
+    # Raw prompts get one automatic shared save point where they leave every recently seen
+    # prompt (engine/branch_points.py, a reading of SH-6).
+    branch_points: bool = True
 
     def __post_init__(self):
         if not isinstance(self.enabled, bool):
             raise ConfigError("context_cache.enabled", f"must be a bool, got {self.enabled!r}")
+        if not isinstance(self.branch_points, bool):
+            raise ConfigError("context_cache.branch_points", f"must be a bool, got {self.branch_points!r}")
         if self.device_state_slots is not None and (
                 not isinstance(self.device_state_slots, int) or not 0 <= self.device_state_slots <= 4096):
             raise ConfigError("context_cache.device_state_slots", f"must be an int in [0, 4096], got "

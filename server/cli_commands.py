@@ -68,7 +68,7 @@ def engine_factory(model: str, **settings: Any) -> Callable[[], Any]:
     def build():
         from ninfer_jax import Engine, EngineConfig
 
-        cache_keys = ("device_state_slots", "host_capacity_bytes")
+        cache_keys = ("device_state_slots", "host_capacity_bytes", "branch_points")
         cache = {k: settings.pop(k) for k in cache_keys if k in settings}
         if cache:
             from ninfer_jax import ContextCacheConfig

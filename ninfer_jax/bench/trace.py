@@ -542,6 +542,7 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         "program": program, "clock": hot.clock, "format": trace.format, "sessions": trace.sessions,
         "requests": len(trace.requests), "requests_failed": sum(o.finish_reason == "error" for o in hot.outcomes),
         "forced_outputs": sum(1 for o in trace.output_tokens if o),
+        "branch_points": s.get("branch_points", 0),
         "prompt_tokens": prompt, "cached_tokens": cached, "reuse_pct": _pct(cached, prompt),
         "upper_bound_tokens": bound, "upper_bound_pct": _pct(bound, prompt),
         "upper_bound_within_sessions_tokens": offline_upper_bound(hot.outcomes, within_sessions=True),

@@ -69,7 +69,7 @@ COUNTERS = (
     "snapshot_bytes", "snapshot_revocations", "snapshot_fallbacks", "recovery_permit_seconds",
     "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
     "captures", "captures_skipped", "reclaims", "reclaim_quotes", "full_hits", "waits",
-    "cache_queries", "cache_hits_private", "cache_hits_shared",
+    "cache_queries", "cache_hits_private", "cache_hits_shared", "branch_points",
 )
 
 
@@ -99,7 +99,7 @@ class EngineCore(UnitPlanning):
     # ---- intake (any thread) ---------------------------------------------------------
     def make_request(self, prompt: Sequence[int], sp: SamplingParams, request_id: str | None,
                      cancel_fn, *, saves: Sequence[SavePoint] | None = None, splits: Sequence[int] = (),
-                     session=None) -> Request:
+                     session=None, raw: bool = False) -> Request:
         """Validate at the boundary (doctrine 3) and build the record; nothing is queued yet."""
         prompt = check_submission(prompt, self.program.vocab_size, self.max_context)
         vocab = self.program.vocab_size
@@ -121,7 +121,7 @@ class EngineCore(UnitPlanning):
                        max_context=self.max_context, handle=handle,
                        detok=Detokenizer(self.decode_text, () if sp.forced_output else sp.stop),
                        stop_ids=frozenset(stop_ids),
-                       saves=saves, splits=splits, session=session, t_submit=self.program.clock())
+                       saves=saves, splits=splits, session=session, t_submit=self.program.clock(), raw=raw)
 
     # ---- the cycle (engine thread) ---------------------------------------------------------
     def has_work(self) -> bool:
@@ -279,6 +279,8 @@ class EngineCore(UnitPlanning):
         req.pages = [state.objects[o].device.location for o in bound.page_objects]
         req.fed = bound.frontier
         if req.t_admitted is None:
+            if req.raw:
+                self._offer_branch_point(req, bound.frontier)
             req.cached_tokens = bound.frontier
             self.counters["cached_tokens"] += bound.frontier
             req.t_admitted = self.program.clock()
@@ -293,6 +295,22 @@ class EngineCore(UnitPlanning):
                     self.counters["full_hits"] += 1
                 self._sample(req, self.program.hidden_logits(req.slot, req.target[-1], len(req.target) - 1))
         req.computed = max(req.computed, req.fed)  # past here, bound tokens are not recomputed
+
+    def _offer_branch_point(self, req: Request, bound: int) -> None:
+        """SH-6 for raw prompts (engine/branch_points.py): where this prompt leaves every
+        recently seen one becomes a shared save opportunity, before its first chunk runs."""
+        known = self.reuse.known
+        if known is None:
+            return
+        blocks = self._identity(req, len(req.prompt)).blocks
+        b = known.branch_point(blocks, len(req.prompt), bound)
+        known.remember(blocks)
+        if b is None or any(s.frontier == b for s in req.saves):
+            return
+        req.saves = tuple(sorted(req.saves + (SavePoint(b, None, shared=True, explicit=False),),
+                                 key=lambda s: s.frontier))
+        req.splits = tuple(sorted(set(req.splits) | {b}))
+        self.counters["branch_points"] += 1
 
     # ---- execution ---------------------------------------------------------------------
     def _run_decode(self, rows: list[Request]) -> None:

@@ -227,9 +227,9 @@ class Engine:
             prev = saves.get(int(f))
             saves[int(f)] = (prev._replace(shared=True) if prev is not None
                              else SavePoint(int(f), None, shared=True))
-        return self._submit(ids, sampling, request_id, saves=list(saves.values()), session=session)
+        return self._submit(ids, sampling, request_id, saves=list(saves.values()), session=session, raw=True)
 
-    def _submit(self, ids, sampling, request_id, *, saves, splits=(), session=None) -> RequestHandle:
+    def _submit(self, ids, sampling, request_id, *, saves, splits=(), session=None, raw=False) -> RequestHandle:
         if self._closed:
             raise self._closed_error()
         if len(self.core.fresh) + self.core.inbox.qsize() >= self.config.max_queue:
@@ -240,7 +240,7 @@ class Engine:
             raise RequestError("anchors: at most 4 explicit private anchors per request (REC-1)")
         req = self.core.make_request(ids, sampling or SamplingParams(), request_id,
                                      lambda rid: self._post("cancel", rid), saves=saves, splits=splits,
-                                     session=session)
+                                     session=session, raw=raw)
         with self._intake:  # posted before the engine closes (its close or cleanup ends it), or refused
             if self._closed:
                 raise self._closed_error()

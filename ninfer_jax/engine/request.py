@@ -77,6 +77,7 @@ class Request:
     stop_ids: frozenset[int]
     saves: tuple = ()  # SavePoints from the frontend, by frontier (SAVE-1)
     splits: tuple[int, ...] = ()  # frontiers where a prefill chunk must end (REC-8)
+    raw: bool = False  # no rendering chose its structure: a branch point may be offered (SH-6)
     session: object = None
     output: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)

@@ -16,6 +16,7 @@ import ledger
 from ledger import (MAIN_KV, Applicant, ApplicantKind, BindRequest, CacheResult, CaptureRequest, Gap, PointKind,
                     Refusal, SequenceView, SourceQuery, UnitDemand, UnitKind)
 from ledger.effects import CopyToDevice, CopyToHost
+from ninfer_jax.engine.branch_points import KnownHistories
 from ninfer_jax.engine.transactions import Pending, Transactions
 from ninfer_jax.program import calibrate
 
@@ -54,6 +55,8 @@ class ContextCache:
         # is recoverable. `rates` keeps what the ledger's CostModel has no field for (D2H).
         self.rates = calibrate.rates_of(program)
         self.cost = self.rates.ledger()
+        # SH-6 for raw prompts: recently seen prompts, block by block (engine/branch_points.py)
+        self.known = KnownHistories() if enabled and program.config.context_cache.branch_points else None
         self._facts = None  # RCL-2: the shared facts of the quotes on the current states
         self._quotes: dict = {}  # (gap, applicant, protect) -> its quote on those states
 

@@ -1,0 +1,75 @@
+"""SH-6 for raw prompts (engine/branch_points.py): where a pre-tokenised prompt leaves every
+recently seen one becomes a shared save opportunity, so a system prompt every session shares is
+a source without markers; outputs stay those of a cold engine."""
+from __future__ import annotations
+
+import pytest
+
+from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
+from ninfer_jax.engine.branch_points import KnownHistories
+from ninfer_jax.sim import SimProgram
+
+SYSTEM = [(13 * i + 1) % 997 for i in range(300)]  # 300 tokens: 4 whole 64-token blocks, then 44
+SP = SamplingParams(temperature=0, max_tokens=3)
+
+
+def _engine(branch_points: bool, **cache):
+    cfg = EngineConfig(max_concurrency=1, max_context=1024, chunk_size=64, progress=False,
+                       context_cache=ContextCacheConfig(host_capacity_bytes=1 << 20, branch_points=branch_points,
+                                                        **cache))
+    return Engine(cfg, program=SimProgram(cfg), start=False)
+
+
+def _run(engine, prompt, **kw):
+    h = engine.submit(prompt, SP, **kw)
+    while not h.done():
+        engine.step()
+    return h.result()
+
+
+def _user(i):
+    return [500 + i] * 40
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_sh6_branch_point_saves_the_shared_system_prompt_of_raw_prompts(on):
+    engine = _engine(on)
+    try:
+        first = _run(engine, SYSTEM + _user(0))
+        second = _run(engine, SYSTEM + _user(1))  # leaves the first after 300 tokens: a branch at 256
+        third = _run(engine, SYSTEM + _user(2))
+        assert first.usage.cached_tokens == 0 and second.usage.cached_tokens == 0
+        assert third.usage.cached_tokens == (256 if on else 0)
+        assert engine.stats()["branch_points"] == (1 if on else 0)  # the third one's source covers it
+        cold = _engine(False, enabled=False)
+        try:
+            assert _run(cold, SYSTEM + _user(2)).token_ids == third.token_ids
+        finally:
+            cold.close()
+        engine.check_integrity()
+    finally:
+        engine.close()
+
+
+def test_no_branch_point_inside_what_the_source_covers():
+    """A next turn that extends the previous prompt and output binds at E; nothing is added."""
+    engine = _engine(True)
+    try:
+        r1 = _run(engine, SYSTEM + _user(0))
+        follow = list(r1.prompt_token_ids) + list(r1.token_ids) + [7] * 30
+        r2 = _run(engine, follow)
+        assert r2.usage.cached_tokens == len(r1.prompt_token_ids) + len(r1.token_ids) - 1
+        assert engine.stats()["branch_points"] == 0
+    finally:
+        engine.close()
+
+
+def test_known_histories_are_bounded_and_prefix_based():
+    known = KnownHistories(capacity=5)
+    known.remember(["a", "b", "c"])
+    assert known.shared_blocks(["a", "b", "x"]) == 2 and known.shared_blocks(["x"]) == 0
+    assert known.branch_point(["a", "b", "x"], 200, 0) == 128
+    assert known.branch_point(["a", "b", "x"], 200, 128) is None  # the source already covers it
+    assert known.branch_point(["a", "b", "c"], 192, 0) is None  # the prompt's end is P anyway
+    known.remember(["a", "q", "r", "s"])  # 6 keys > 5: the least recently seen goes first
+    assert len(known) == 5 and known.shared_blocks(["a", "b", "c"]) == 1
