@@ -80,6 +80,8 @@ _PROGRAM = flags.DEFINE_enum("program", "model", ["model", "sim"], "trace: the r
                               "bench preempt: run only this one (default both).")
 _TRACE_FORMAT = flags.DEFINE_enum("trace_format", "auto", ["auto", "chat", "marconi", "mooncake"],
                                   "trace: chat-level, Marconi token-level or Mooncake hash-block JSONL (auto: by the first line).")
+_COST = flags.DEFINE_string("cost", None, "trace --program=sim: a JSON file of the cost model's step and copy "
+                             "costs (default: the model folder's cost.json, else the built-in figures).")
 _REPORT = flags.DEFINE_string("report", None, "trace: write the figures as JSON, PNG plots (TTFT CDF, reuse by "
                                "turn, pool occupancy, pauses) and summary.md into this folder.")
 _TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "trace: replay only the first N requests.", lower_bound=1)
@@ -395,11 +397,20 @@ def cmd_trace(args: list[str]) -> int:
 
         config = engine_config_from_flags()
         _sampling()
-        if _PROGRAM.value == "sim":  # the cost-model Program runs the built-in model's sizes
+        if _PROGRAM.value == "sim":  # the cost-model Program: the built-in sizes, or the folder's config.json
             from ninfer_jax.model import builtin
+            from ninfer_jax.model.config import load_config
+            from ninfer_jax.sim.program import CostModel
 
-            preflight(config, model=builtin.config())
+            preflight(config, model=builtin.config() if config.model.startswith("builtin:")
+                      else load_config(config.model))
+            if _COST.value:
+                CostModel.load(_COST.value)  # a bad cost file is refused before the replay
         else:
+            if _COST.value:
+                from ninfer_jax.errors import ConfigError
+
+                raise ConfigError("cost", "sets the cost-model Program's costs: it needs --program=sim")
             preflight(config)
         _enable_compilation_cache()
     except _usage_errors() as e:
@@ -407,7 +418,8 @@ def cmd_trace(args: list[str]) -> int:
     try:
         figures = run_trace(args[0], config, program=_PROGRAM.value, fmt=_TRACE_FORMAT.value,
                             cold=_COLD.value, limit=_TRACE_LIMIT.value, temperature=_TEMPERATURE.value,
-                            seed=_SEED.value, default_max_tokens=_MAX_TOKENS.value, report=_REPORT.value)
+                            seed=_SEED.value, default_max_tokens=_MAX_TOKENS.value, report=_REPORT.value,
+                            **({"cost": _COST.value} if _COST.value else {}))
     except TraceError as e:
         print(f"ninfer trace: {e}", file=sys.stderr)
         return 2

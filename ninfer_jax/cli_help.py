@@ -83,7 +83,7 @@ COMMANDS: dict[str, Command] = {
         "ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi|mooncake] [--json] [flags]",
         "Replays a trace (docs/trace.md) with the context cache on, and off with --cold: reuse "
         "against the offline bound, TTFT cached vs cold.",
-        (("trace", ("program", "trace_format", "trace_limit", "cold", "json", "report") + SAMPLING), ("model", MODEL),
+        (("trace", ("program", "trace_format", "trace_limit", "cold", "json", "report", "cost") + SAMPLING), ("model", MODEL),
          ("engine", ENGINE)),
         ("python -m ninfer_jax.bench.trace_gen --kind agent --sessions 200 --out agent.jsonl",
          "ninfer trace agent.jsonl --program=sim")),

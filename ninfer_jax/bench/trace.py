@@ -435,7 +435,7 @@ class Replayer:
 
 
 # ---- engines and the two runs ---------------------------------------------------------------------
-def make_engine(config, program: str, share=None):
+def make_engine(config, program: str, share=None, cost: str | None = None):
     """A manually stepped engine on the real model or the cost-model Program. `share`: a real
     model Program whose loaded model and compiled steps the new engine reuses (loaded and
     compiled once for both runs); its pools, stores, ledger and cache are its own."""
@@ -445,7 +445,11 @@ def make_engine(config, program: str, share=None):
         from ninfer_jax.sim import SimProgram
 
         config = dataclasses.replace(config, progress=False)
-        return Engine(config, program=SimProgram.for_model(config), start=False)
+        return Engine(config, program=SimProgram.for_model(config, cost), start=False)
+    if cost is not None:
+        from ninfer_jax.errors import ConfigError
+
+        raise ConfigError("cost", "sets the cost-model Program's costs: it needs --program=sim")
     if program != "model":
         raise ValueError(f"--program must be 'model' or 'sim', got {program!r}")
     if share is None:
@@ -472,14 +476,17 @@ class _Shared:
 
 
 def replay_once(config, program: str, trace: Trace, label: str, share: _Shared | None = None,
-                **kw) -> tuple[RunResult, _Shared | None]:
+                cost: str | None = None, **kw) -> tuple[RunResult, _Shared | None]:
     """One run on a fresh engine; returns its result and, on the real model, what the next run
     can reuse."""
-    engine = make_engine(config, program, share)
+    engine = make_engine(config, program, share, cost)
     try:
         check_vocab(trace, engine.program.vocab_size, config.model)
         result = Replayer(engine, trace, concurrency=kw.pop("concurrency", None) or config.max_concurrency,
                           progress=label, **kw).run()
+        sim_cost = getattr(engine.program, "cost", None)
+        if hasattr(sim_cost, "as_dict"):  # the cost-model Program: what it priced the run with
+            result.stats["sim_cost"] = dict(sim_cost.as_dict(), source=engine.program.cost_source)
         return result, (_Shared(engine.program) if program == "model" else None)
     finally:
         engine.close()
@@ -543,6 +550,7 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         "requests": len(trace.requests), "requests_failed": sum(o.finish_reason == "error" for o in hot.outcomes),
         "forced_outputs": sum(1 for o in trace.output_tokens if o),
         "branch_points": s.get("branch_points", 0),
+        **({"sim_cost": s["sim_cost"]} if "sim_cost" in s else {}),
         "prompt_tokens": prompt, "cached_tokens": cached, "reuse_pct": _pct(cached, prompt),
         "upper_bound_tokens": bound, "upper_bound_pct": _pct(bound, prompt),
         "upper_bound_within_sessions_tokens": offline_upper_bound(hot.outcomes, within_sessions=True),

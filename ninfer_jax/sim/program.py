@@ -39,6 +39,40 @@ class CostModel:
     d2h_bytes_per_s: float = 25e9
     d2d_bytes_per_s: float = 1e12  # a Device copy reads and writes HBM
 
+    @classmethod
+    def load(cls, path: str) -> "CostModel":
+        """A cost model from a JSON object of these fields (keys starting with "_" are notes);
+        ConfigError naming the file and the field for anything else."""
+        import dataclasses
+        import json
+
+        from ninfer_jax.errors import ConfigError
+
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError("cost", f"{path}: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError("cost", f"{path}: expected a JSON object of {', '.join(cls.fields())}")
+        values = {k: v for k, v in raw.items() if not k.startswith("_")}
+        unknown = sorted(set(values) - set(cls.fields()))
+        if unknown:
+            raise ConfigError("cost", f"{path}: unknown field {unknown[0]!r} (the fields are {', '.join(cls.fields())})")
+        for k, v in values.items():
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise ConfigError("cost", f"{path}: {k} must be a positive number, got {v!r}")
+        return dataclasses.replace(cls(), **{k: float(v) for k, v in values.items()})
+
+    @staticmethod
+    def fields() -> tuple[str, ...]:
+        import dataclasses
+
+        return tuple(f.name for f in dataclasses.fields(CostModel))
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.fields()}
+
     def rates(self, chunk_size: int) -> calibrate.CostRates:
         """The source cost model a calibration would measure on this Program (SRC-3): the
         modelled chunk time over its tokens and the modelled copy rates, so sources are ordered
@@ -108,23 +142,40 @@ class SimProgram:
         self.chunk_size = config.chunk_size
         self.decode_buckets = decode_buckets(config.max_concurrency)
         self.cost = cost
+        self.cost_source = "given"
         self.cost_model = cost.rates(self.chunk_size)  # SRC-3: what the engine's ledger calls use
         self.sim_seconds = 0.0
         self.compilations = 0
         self.execution_tag = f"sim|{config.model}|{self.dtype}"
 
     @classmethod
-    def for_model(cls, config: EngineConfig, cost: CostModel = CostModel()) -> "SimProgram":
+    def for_model(cls, config: EngineConfig, cost: CostModel | str | None = None) -> "SimProgram":
         """The cost-model Program for `config.model`: the built-in model's geometry in one-byte
         units, or any model folder's `config.json` alone (no weights are read) with its real
         unit sizes, vocabulary and eos, and the capacity the real Program would resolve
         (`device_memory_bytes` standing for the device; `ninfer_jax/sim/geometries/` ships
-        config-only folders)."""
-        if config.model.startswith("builtin:"):
-            return cls(config, cost=cost)
-        from ninfer_jax.model.config import load_config
+        config-only folders). `cost`: a CostModel or a JSON file of one; by default the
+        folder's `cost.json` if it has one, else `CostModel()`. `cost_source` says which."""
+        import os
 
-        return cls(config, load_config(config.model), cost, model_bytes=True)
+        source = "default"
+        if isinstance(cost, str):
+            cost, source = CostModel.load(cost), cost
+        elif cost is None and not config.model.startswith("builtin:") and os.path.exists(
+                os.path.join(config.model, "cost.json")):
+            source = os.path.join(config.model, "cost.json")
+            cost = CostModel.load(source)
+        elif cost is not None:
+            source = "given"
+        cost = cost or CostModel()
+        if config.model.startswith("builtin:"):
+            program = cls(config, cost=cost)
+        else:
+            from ninfer_jax.model.config import load_config
+
+            program = cls(config, load_config(config.model), cost, model_bytes=True)
+        program.cost_source = source
+        return program
 
     @property
     def state(self) -> ledger.LedgerState:

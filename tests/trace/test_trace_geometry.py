@@ -66,3 +66,28 @@ def test_a_token_level_trace_with_qwen_ids_replays_on_the_geometry(tmp_path):
     # reused (E, one StateImage of ~74 MiB away on the Host, may cost more than the 7 tokens it
     # saves over the prompt end: SRC-3 prices it with the geometry's real bytes).
     assert f["cached_tokens"] >= (len(system) + 1) + (len(system) + 1 + 8 + 30)
+
+
+def test_cost_model_from_the_geometry_folder_or_a_file(tmp_path):
+    import pytest
+
+    from ninfer_jax.errors import ConfigError
+    from ninfer_jax.sim.program import CostModel
+
+    sim = SimProgram.for_model(_config())
+    assert sim.cost_source.endswith("cost.json") and sim.cost.prefill_per_token == 1.5e-05  # the folder's own
+    mine = tmp_path / "cost.json"
+    mine.write_text(json.dumps({"_note": "measured", "prefill_per_token": 3e-5, "h2d_bytes_per_s": 5e10}))
+    sim = SimProgram.for_model(_config(), str(mine))
+    assert (sim.cost.prefill_per_token, sim.cost.h2d_bytes_per_s, sim.cost.decode_fixed) == (3e-5, 5e10,
+                                                                                            CostModel().decode_fixed)
+    assert SimProgram.for_model(EngineConfig(progress=False)).cost_source == "default"
+    for bad, needle in (({"prefill_per_tok": 1.0}, "unknown field 'prefill_per_tok'"),
+                        ({"decode_fixed": -1}, "decode_fixed must be a positive number"), ([1], "JSON object")):
+        mine.write_text(json.dumps(bad))
+        with pytest.raises(ConfigError, match=needle):
+            CostModel.load(str(mine))
+    lines = [marconi_line(0, 0, 0.0, [5, 6, 7, 8], [9])]
+    f = T.run_trace(write_lines(tmp_path / "t.jsonl", lines), _config(max_context=2048, chunk_size=256),
+                    program="sim", cold=False)
+    assert f["sim_cost"]["source"].endswith("cost.json") and f["sim_cost"]["decode_per_row"] == 0.0005
