@@ -31,6 +31,7 @@ from ninfer_jax.frontend.responses import ResponsesStore
 from server import openai_convert as oc
 from server.limits import ServerLimits
 from server.metrics import registry_for
+from server.running import RunningRequests
 from server.openai_schema import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from server.validate import WARMING_UP
 
@@ -38,9 +39,10 @@ log = logging.getLogger("ninfer.http")
 _POLL_S = 0.25  # how often a non-streaming call looks whether its client is still there
 
 
-class OpenAIFront:
+class OpenAIFront(RunningRequests):
     def __init__(self, limits: ServerLimits | None = None, *, token: str | None = None,
                  served_model_name: str | None = None, max_responses: int = 1024):
+        super().__init__()
         self.limits = limits or ServerLimits()
         self.engine: Any = None
         self.token = token
@@ -48,32 +50,11 @@ class OpenAIFront:
         self.store = ResponsesStore(max_responses)
         self.store_lock = threading.Lock()  # submissions render on worker threads
         self.created = int(time.time())
-        self._closing = False
-        self._active: set = set()
-        self._idle = threading.Condition()
         self.registry = registry_for(lambda: self.engine)
 
     # --- lifecycle (called by server.app.InferenceServer) -------------------------------------
     def attach(self, engine: Any) -> None:
         self.engine = engine
-
-    def start_draining(self) -> None:
-        self._closing = True
-
-    def wait_idle(self, timeout: float) -> bool:
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._active, timeout=timeout)
-
-    def cancel_all(self) -> int:
-        with self._idle:
-            handles = list(self._active)
-        for h in handles:
-            h.cancel()
-        return len(handles)
-
-    def active_count(self) -> int:
-        with self._idle:
-            return len(self._active)
 
     # --- shared checks ------------------------------------------------------------------------
     @property
@@ -100,6 +81,14 @@ class OpenAIFront:
             raise oc.ApiError(503, f"the engine failed and takes no requests: {failure}", type="server_error",
                               code="unavailable")
         return self.engine
+
+    async def accept(self, request: Request, model_cls):
+        """Every check a generation request passes before any work: the token, a ready engine,
+        its body as `model_cls`. Returns (engine, the request, the engine's max_context)."""
+        self.authorize(request)
+        engine = self.ready_engine()
+        req = await self.body(request, model_cls)
+        return engine, req, int(engine.model_info()["max_context"])
 
     async def body(self, request: Request, model_cls):
         """The request body as `model_cls`: 413 past the size limit, 400 for bad JSON or fields."""
@@ -176,6 +165,18 @@ class OpenAIFront:
             else:
                 raise item
 
+    async def completion(self, handle, q: asyncio.Queue, request: Request):
+        """The finished request, or the API error it ended with (its deltas are not needed)."""
+        try:
+            _, done = await self.wait_done(handle, q, request)
+        except oc.ApiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an engine failure is an API error too
+            raise oc.api_error(exc) from None
+        if done.finish_reason == "error":
+            raise _engine_failed(done)
+        return done
+
 
 def _sse(obj: Any) -> bytes:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
@@ -185,7 +186,7 @@ def _engine_failed(done) -> oc.ApiError:
     return oc.ApiError(500, f"generation failed: {done.error or 'unknown error'}", type="server_error")
 
 
-def _submit(front: OpenAIFront, fn: Callable[[], Any]):
+def _submit(fn: Callable[[], Any]):
     """Run a submission step; an exception becomes the API error it maps to."""
     try:
         return fn()
@@ -230,11 +231,8 @@ def build_app(front: OpenAIFront) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        front.authorize(request)
-        engine = front.ready_engine()
-        req = await front.body(request, ChatCompletionRequest)
-        max_context = int(engine.model_info()["max_context"])
-        kwargs, sampling, top = _submit(front, lambda: oc.chat_request(req, front.limits, max_context))
+        engine, req, max_context = await front.accept(request, ChatCompletionRequest)
+        kwargs, sampling, top = _submit(lambda: oc.chat_request(req, front.limits, max_context))
         rid = oc.new_id("chatcmpl")
 
         def submit():
@@ -249,20 +247,13 @@ def build_app(front: OpenAIFront) -> FastAPI:
                                             anchors=anchored)
             return rendered, handle
 
-        rendered, handle = await asyncio.to_thread(_submit, front, submit)
+        rendered, handle = await asyncio.to_thread(_submit, submit)
         parse_tools = req.tool_choice != "none"
         think = (rendered.text or "").rstrip().endswith(THINK_OPEN)
         decode = getattr(engine, "tokenizer_decode", None)
         q = front.relay(handle)
         if not req.stream:
-            try:
-                _, done = await front.wait_done(handle, q, request)
-            except oc.ApiError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                raise oc.api_error(exc) from None
-            if done.finish_reason == "error":
-                raise _engine_failed(done)
+            done = await front.completion(handle, q, request)
             out = OutputStream(think_open=think, tool_calls=parse_tools)
             out.push(done.text)
             parsed = out.parsed()
@@ -273,27 +264,17 @@ def build_app(front: OpenAIFront) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        front.authorize(request)
-        engine = front.ready_engine()
-        req = await front.body(request, CompletionRequest)
-        max_context = int(engine.model_info()["max_context"])
-        prompt, sampling, top = _submit(front, lambda: oc.completion_request(req, front.limits, max_context))
+        engine, req, max_context = await front.accept(request, CompletionRequest)
+        prompt, sampling, top = _submit(lambda: oc.completion_request(req, front.limits, max_context))
         rid = oc.new_id("cmpl")
         saves = {k: v for k, v in (("session", req.session), ("anchors", req.anchors), ("markers", req.markers),
                                    ("recovery_point", req.recovery_point)) if v}
-        handle = await asyncio.to_thread(_submit, front, lambda: engine.submit(prompt, sampling, request_id=rid,
+        handle = await asyncio.to_thread(_submit, lambda: engine.submit(prompt, sampling, request_id=rid,
                                                                              **saves))
         decode = getattr(engine, "tokenizer_decode", None)
         q = front.relay(handle)
         if not req.stream:
-            try:
-                _, done = await front.wait_done(handle, q, request)
-            except oc.ApiError:
-                raise
-            except Exception as exc:  # noqa: BLE001
-                raise oc.api_error(exc) from None
-            if done.finish_reason == "error":
-                raise _engine_failed(done)
+            done = await front.completion(handle, q, request)
             return oc.text_completion(rid, front.model_name, done, top, decode)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_text_stream(handle, front, q, rid, top, decode, include_usage),
@@ -301,9 +282,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
 
     @app.post("/v1/responses")
     async def responses(request: Request):
-        front.authorize(request)
-        engine = front.ready_engine()
-        req = await front.body(request, ResponsesRequest)
+        engine, req, max_context = await front.accept(request, ResponsesRequest)
         if req.stream:
             raise oc.unsupported("stream", "streamed Responses are not served yet; use /v1/chat/completions to stream")
         if req.tool_choice not in (None, "auto", "none"):
@@ -311,8 +290,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
         fmt = ((req.text or {}).get("format") or {}).get("type", "text")
         if fmt != "text":
             raise oc.unsupported("text.format", f"type {fmt!r} is not served (no constrained decoding)")
-        max_context = int(engine.model_info()["max_context"])
-        tools = _submit(front, lambda: oc.responses_tools(req.tools))
+        tools = _submit(lambda: oc.responses_tools(req.tools))
 
         def submit():
             sampling = oc.sampling_of(req, max_tokens=req.max_output_tokens, logprobs=0, limits=front.limits,
@@ -326,17 +304,10 @@ def build_app(front: OpenAIFront) -> FastAPI:
             return rendered, handle
 
         rid = oc.new_id("resp")
-        rendered, handle = await asyncio.to_thread(_submit, front, submit)
+        rendered, handle = await asyncio.to_thread(_submit, submit)
         think = (rendered.prompt.text or "").rstrip().endswith(THINK_OPEN)
         q = front.relay(handle)
-        try:
-            _, done = await front.wait_done(handle, q, request)
-        except oc.ApiError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise oc.api_error(exc) from None
-        if done.finish_reason == "error":
-            raise _engine_failed(done)
+        done = await front.completion(handle, q, request)
         out = OutputStream(think_open=think, tool_calls=req.tool_choice != "none")
         out.push(done.text)
         parsed = out.parsed()

@@ -11,7 +11,6 @@ answer UNAVAILABLE too, while GetStats and GetModelInfo still answer.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from typing import Any, Callable, Iterator
 
@@ -20,6 +19,7 @@ import grpc
 from server import convert
 from server.errors import DuplicateRequestId, status_for
 from server.limits import ServerLimits
+from server.running import RunningRequests
 from server.proto import ninfer_pb2 as pb
 from server.proto import ninfer_pb2_grpc as pb_grpc
 from server.validate import WARMING_UP
@@ -28,43 +28,18 @@ log = logging.getLogger("ninfer.server")
 SERVER_VERSION = "ninfer.v1/0.1.0"
 
 
-class NInferServicer(pb_grpc.NInferServicer):
+class NInferServicer(RunningRequests, pb_grpc.NInferServicer):
     def __init__(self, limits: ServerLimits | None = None):
+        RunningRequests.__init__(self)
         self.limits = limits or ServerLimits()
         self.engine: Any = None  # set once warm-up finishes
-        self._closing = False
-        self._active: set = set()
         self._ids: set[str] = set()  # request ids of the streams now running here
-        self._idle = threading.Condition()
         self._max_context = 0
 
     # --- lifecycle ---------------------------------------------------------------------------
     def attach(self, engine: Any) -> None:
         self._max_context = int(engine.model_info()["max_context"])
         self.engine = engine
-
-    def start_draining(self) -> None:
-        """New RPCs answer UNAVAILABLE from now on; running streams continue."""
-        self._closing = True
-
-    @property
-    def draining(self) -> bool:
-        return self._closing
-
-    def active_count(self) -> int:
-        with self._idle:
-            return len(self._active)
-
-    def wait_idle(self, timeout: float) -> bool:
-        with self._idle:
-            return self._idle.wait_for(lambda: not self._active, timeout=timeout)
-
-    def cancel_all(self) -> int:
-        with self._idle:
-            handles = list(self._active)
-        for handle in handles:
-            handle.cancel()
-        return len(handles)
 
     # --- helpers -----------------------------------------------------------------------------
     def _engine(self, context: grpc.ServicerContext, *, observe: bool = False):

@@ -337,3 +337,28 @@ def cut_streams(target: str, prompts: list[list[int]], plan: list[str], sampling
                                           timeout=timeout)
 
     return asyncio.run(main())
+
+
+def spawn_serve(*flags: str, pattern: str = r"serving .* on (127\.0\.0\.1:\d+)", timeout: float = 60.0):
+    """`ninfer serve FLAGS` in a child process, read until its stderr says it serves: (the
+    process, the address `pattern` captured). AssertionError with what it printed otherwise."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", *flags], stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=os.getcwd())
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        lines.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return proc, m.group(1)
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    proc.wait(10)
+    raise AssertionError("ninfer serve did not start serving:\n" + "".join(lines))

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ninfer_jax import SamplingParams
 from server.app import InferenceServer
 from server.cli_commands import engine_factory
-from server.testing import FakeEngine, wait_until
+from server.testing import FakeEngine, spawn_serve, wait_until
 
 MODEL = "builtin:tiny-hybrid"
 USER = [{"role": "user", "content": "Hello there"}]
@@ -325,29 +325,11 @@ def test_metrics_parse_and_move(live):
 
 
 def test_ninfer_serve_http_only_drains_a_running_stream_on_sigterm():
-    import os
-    import re
     import signal
-    import subprocess
-    import sys
-    import time
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", "--model=fake:tiny", "--port=-1",
-                             "--http_port=0", "--grace_s=5"], stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=os.getcwd())
+    proc, address = spawn_serve("--model=fake:tiny", "--port=-1", "--http_port=0", "--grace_s=5",
+                                pattern=r"serving .* on http://(127\.0\.0\.1:\d+)")
     try:
-        address, lines, deadline = None, [], time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            lines.append(line)
-            m = re.search(r"serving .* on http://(127\.0\.0\.1:\d+)", line)
-            if m:
-                address = m.group(1)
-                break
-            if not line and proc.poll() is not None:
-                break
-        assert address, "".join(lines)
         client = openai.OpenAI(api_key="x", base_url=f"http://{address}/v1", max_retries=0, timeout=30)
         stream = client.chat.completions.create(model="fake:tiny", messages=USER, max_tokens=20, stream=True)
         next(iter(stream))

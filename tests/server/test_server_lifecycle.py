@@ -1,11 +1,7 @@
 """Health across warm-up and shutdown, reflection, the bearer token, graceful shutdown and signals."""
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,7 +12,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from server.app import InferenceServer
 from server.client import NInferClient
 from server.proto import ninfer_pb2 as pb
-from server.testing import FakeEngine, running_server, wait_until
+from server.testing import FakeEngine, running_server, spawn_serve, wait_until
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
@@ -130,23 +126,8 @@ def test_port_in_use_is_an_error(fake_server):
 def test_ninfer_serve_shuts_down_gracefully_on_sigterm():
     """(SIGINT takes the same path: the second-signal test below sends one.)"""
     sig = signal.SIGTERM
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", "--model=fake:tiny", "--port=0",
-                             "--grace_s=5"], stderr=subprocess.PIPE, text=True, env=env, cwd=os.getcwd())
+    proc, address = spawn_serve("--model=fake:tiny", "--port=0", "--grace_s=5")
     try:
-        address = None
-        deadline = time.monotonic() + 60
-        lines = []
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            lines.append(line)
-            m = re.search(r"serving .* on (127\.0\.0\.1:\d+)", line)
-            if m:
-                address = m.group(1)
-                break
-            if not line and proc.poll() is not None:
-                break
-        assert address, "".join(lines)
         with NInferClient(address, timeout=20) as client:
             assert client.health() == "SERVING"
             stream = client.generate_stream("a long-ish answer", sampling={"temperature": 0, "max_tokens": 20})
@@ -164,18 +145,8 @@ def test_ninfer_serve_shuts_down_gracefully_on_sigterm():
 
 
 def test_second_signal_cancels_running_streams_at_once():
-    proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", "--model=fake:slow,step_s=0.02,len=200",
-                             "--port=0", "--grace_s=60"], stderr=subprocess.PIPE, text=True, cwd=os.getcwd())
+    proc, address = spawn_serve("--model=fake:slow,step_s=0.02,len=200", "--port=0", "--grace_s=60")
     try:
-        address = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and address is None:
-            line = proc.stderr.readline()
-            m = re.search(r"serving .* on (127\.0\.0\.1:\d+)", line)
-            address = m.group(1) if m else None
-            if not line and proc.poll() is not None:
-                break
-        assert address
         with NInferClient(address, timeout=30) as client:
             stream = client.generate_stream([1, 2], sampling={"temperature": 0, "max_tokens": 200})  # ~4 s
             next(stream)
