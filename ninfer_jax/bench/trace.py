@@ -427,7 +427,10 @@ class Replayer:
                     flights.remove(f)
                     self._finish(f, outcomes, now - f.t_issue)
                     if self.progress and len(outcomes) % 200 == 0:
-                        print(f"[trace] {self.progress}: {len(outcomes)}/{total} requests", file=sys.stderr)
+                        done, spent = len(outcomes), time.perf_counter() - start
+                        eta = spent / done * (total - done)
+                        print(f"[trace] {self.progress}: {done}/{total} requests, {cycles / spent:,.0f} cycles/s, "
+                              f"ETA {eta:,.0f} s", file=sys.stderr)
         self.engine.check_integrity()
         sample()
         return RunResult(outcomes, self.engine.stats(), time.perf_counter() - start, self.clock_kind, self.trace,
@@ -550,6 +553,8 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         "requests": len(trace.requests), "requests_failed": sum(o.finish_reason == "error" for o in hot.outcomes),
         "forced_outputs": sum(1 for o in trace.output_tokens if o),
         "branch_points": s.get("branch_points", 0),
+        "cycles": s.get("cycles", 0),
+        "cycles_per_s": round(s.get("cycles", 0) / hot.seconds, 1) if hot.seconds else None,
         **({"sim_cost": s["sim_cost"]} if "sim_cost" in s else {}),
         "prompt_tokens": prompt, "cached_tokens": cached, "reuse_pct": _pct(cached, prompt),
         "upper_bound_tokens": bound, "upper_bound_pct": _pct(bound, prompt),

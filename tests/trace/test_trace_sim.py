@@ -35,6 +35,7 @@ def test_known_trace_counts_add_up(known):
     f = known
     assert (f["program"], f["clock"], f["format"], f["requests"], f["sessions"]) == ("sim", "modelled", "marconi", 6, 2)
     assert f["requests_failed"] == 0 and f["forced_outputs"] == 6
+    assert f["cycles"] > 0 and f["cycles_per_s"] > 0  # the replay's speed, a benchmark figure
     assert f["prompt_tokens"] == 2 * (201 + 225 + 249)
     assert f["generated_tokens"] == 6 * 4  # ignore_eos: exactly num_output_tokens each
     assert f["prefill_tokens"] + f["reused_tokens"] == f["prompt_tokens"]
