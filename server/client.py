@@ -133,10 +133,19 @@ def marker_to_proto(m: Mapping[str, Any], index: int = 0) -> pb.CacheMarker:
     return pb.CacheMarker(tools=bool(m.get("tools")))
 
 
-def generate_request(prompt: Any, *, sampling: Any = None, request_id: str = "") -> pb.GenerateRequest:
+def generate_request(prompt: Any, *, sampling: Any = None, request_id: str = "", recovery_point: int | None = None,
+                     anchors: Any = None, markers: Any = None, session: str | None = None) -> pb.GenerateRequest:
     """The GenerateRequest for these values, checked (ClientRequestError) without sending it."""
     prompt = validate.check_prompt(prompt)
-    req = pb.GenerateRequest(request_id=validate.check_request_id(request_id))
+    req = pb.GenerateRequest(request_id=validate.check_request_id(request_id),
+                             session=validate.check_text(session, "session") or "")
+    if recovery_point is not None:
+        req.recovery_point = validate.check_int32(recovery_point, "recovery_point")
+    for name, values in (("anchors", anchors), ("markers", markers)):
+        items = validate.check_list(values, name, "token frontiers")
+        if len(items) > 4:
+            raise validate.ClientRequestError(name, f"at most 4 token frontiers, got {len(items)}")
+        getattr(req, name).extend(validate.check_int32(f, f"{name}[{i}]") for i, f in enumerate(items))
     if isinstance(prompt, str):
         req.text = prompt
     else:
@@ -285,8 +294,9 @@ class NInferClient:
 
     # --- generation --------------------------------------------------------------------------
     def generate_stream(self, prompt: str | Sequence[int], *, sampling: Any = None, request_id: str = "",
-                        timeout: float | None = None):
-        req = generate_request(prompt, sampling=sampling, request_id=request_id)
+                        timeout: float | None = None, **save_points):
+        """`save_points`: recovery_point, anchors, markers, session (Engine.submit's)."""
+        req = generate_request(prompt, sampling=sampling, request_id=request_id, **save_points)
         return self.stub.Generate(req, **self._kw(timeout))
 
     def generate(self, prompt, **kwargs) -> Result:

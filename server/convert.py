@@ -50,6 +50,21 @@ def prompt_from_proto(req: pb.GenerateRequest, limits: ServerLimits) -> str | li
     raise BadRequest("prompt: set either text or token_ids")
 
 
+def save_points_from_proto(req: pb.GenerateRequest) -> dict:
+    """Engine.submit's explicit save points, only those the request set (the engine checks
+    them against the prompt)."""
+    out: dict[str, Any] = {}
+    if req.HasField("recovery_point"):
+        out["recovery_point"] = req.recovery_point
+    if req.anchors:
+        out["anchors"] = list(req.anchors)
+    if req.markers:
+        out["markers"] = list(req.markers)
+    if req.session:
+        out["session"] = req.session
+    return out
+
+
 def _json_object(text: str, where: str) -> dict:
     if not text:
         return {}

@@ -129,7 +129,9 @@ class NInferServicer(RunningRequests, pb_grpc.NInferServicer):
         def submit():
             prompt = convert.prompt_from_proto(request, self.limits)
             sampling = convert.sampling_from_proto(request.sampling, self.limits, self._max_context)
-            return self._submit(request.request_id, lambda rid: engine.submit(prompt, sampling, request_id=rid))
+            saves = convert.save_points_from_proto(request)
+            return self._submit(request.request_id, lambda rid: engine.submit(prompt, sampling, request_id=rid,
+                                                                              **saves))
 
         handle = self._call(context, submit)
         yield from self._stream(handle, context, pb.GenerateResponse, chat=False)

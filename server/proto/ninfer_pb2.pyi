@@ -55,16 +55,24 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("text", "token_ids", "sampling", "request_id")
+    __slots__ = ("text", "token_ids", "sampling", "request_id", "recovery_point", "anchors", "markers", "session")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_POINT_FIELD_NUMBER: _ClassVar[int]
+    ANCHORS_FIELD_NUMBER: _ClassVar[int]
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: TokenIds
     sampling: SamplingParams
     request_id: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    recovery_point: int
+    anchors: _containers.RepeatedScalarFieldContainer[int]
+    markers: _containers.RepeatedScalarFieldContainer[int]
+    session: str
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., recovery_point: _Optional[int] = ..., anchors: _Optional[_Iterable[int]] = ..., markers: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ...) -> None: ...
 
 class ContentPart(_message.Message):
     __slots__ = ("type", "text", "cache_control")

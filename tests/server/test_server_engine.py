@@ -230,3 +230,19 @@ def test_ninfer_serve_real_engine_warm_up_and_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_generate_carries_explicit_save_points(real, settled):
+    """recovery_point / markers over gRPC are Engine.submit's: a later prompt that leaves this
+    one at the recovery point is served from it; a frontier outside the prompt is refused."""
+    srv, client, engine = real
+    ids = [(17 * i + 3) % 997 for i in range(120)]
+    client.generate(ids, sampling=GREEDY, recovery_point=100, markers=[64], session="s1")
+    got = client.generate(ids[:100] + [1, 2, 3], sampling=GREEDY, session="s1")
+    assert got.usage["cached_tokens"] == 100
+    assert got.token_ids == list(engine.generate(ids[:100] + [1, 2, 3], SamplingParams(**GREEDY)).token_ids)
+    code, details = _code(lambda: client.generate(ids, sampling=GREEDY, anchors=[500]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "outside [1, 120]" in details
+    with pytest.raises(grpc.RpcError, match="at most 4"):  # refused by the client before sending
+        client.generate(ids, markers=[1, 2, 3, 4, 5])
+    settled(srv, engine)
