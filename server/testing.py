@@ -339,9 +339,11 @@ def cut_streams(target: str, prompts: list[list[int]], plan: list[str], sampling
     return asyncio.run(main())
 
 
+@contextlib.contextmanager
 def spawn_serve(*flags: str, pattern: str = r"serving .* on (127\.0\.0\.1:\d+)", timeout: float = 60.0):
-    """`ninfer serve FLAGS` in a child process, read until its stderr says it serves: (the
-    process, the address `pattern` captured). AssertionError with what it printed otherwise."""
+    """`ninfer serve FLAGS` in a child process, read until its stderr says it serves; yields (the
+    process, the address `pattern` captured) and kills the process on exit if it still runs.
+    AssertionError with what it printed when it never serves."""
     import os
     import re
     import subprocess
@@ -350,15 +352,20 @@ def spawn_serve(*flags: str, pattern: str = r"serving .* on (127\.0\.0\.1:\d+)",
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", *flags], stderr=subprocess.PIPE,
                             text=True, env=env, cwd=os.getcwd())
-    lines, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        lines.append(line)
-        m = re.search(pattern, line)
-        if m:
-            return proc, m.group(1)
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    proc.wait(10)
-    raise AssertionError("ninfer serve did not start serving:\n" + "".join(lines))
+    try:
+        lines, address, deadline = [], None, time.monotonic() + timeout
+        while address is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            lines.append(line)
+            m = re.search(pattern, line)
+            if m:
+                address = m.group(1)
+            elif not line and proc.poll() is not None:
+                break
+        if address is None:
+            raise AssertionError("ninfer serve did not start serving:\n" + "".join(lines))
+        yield proc, address
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

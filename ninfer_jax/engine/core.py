@@ -318,15 +318,12 @@ class EngineCore(UnitPlanning):
         logits = self.program.decode([DecodeRow(r.output[-1], r.fed, tuple(r.pages), r.slot) for r in rows])
         self.compute_seconds += time.perf_counter() - t0
         self.counters["decode_steps"] += 1
-        plain = [i for i, r in enumerate(rows) if sampling.plain_greedy(r.sampling)]
-        if len(plain) == len(rows):
-            chosen = dict(enumerate(sampling.greedy_rows(logits[:len(rows)])))
-        else:
-            chosen = dict(zip(plain, sampling.greedy_rows(logits[plain]))) if plain else {}
+        plain = [sampling.plain_greedy(r.sampling) for r in rows]
+        picks = sampling.greedy_rows(logits[:len(rows)]) if any(plain) else None  # one argmax for the batch
         for i, (r, row_logits) in enumerate(zip(rows, logits)):
             r.fed += 1
             r.computed = max(r.computed, r.fed)
-            self._sample(r, row_logits, chosen.get(i))
+            self._sample(r, row_logits, picks[i] if plain[i] else None)
 
     def _run_prefill(self, req: Request) -> None:
         n = self._chunk(req)

@@ -54,12 +54,17 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum())
 
 
+def _entry(x: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """The logprob entry of `token` under the penalised logits `x`, with the `top` best."""
+    lp = _log_softmax(x)
+    top_ids = np.argsort(-lp, kind="stable")[:top]
+    return TokenLogprob(token, float(lp[token]), tuple((int(i), float(lp[i])) for i in top_ids))
+
+
 def logprob_of(logits: np.ndarray, sp: SamplingParams, token: int, prompt: Sequence[int],
                output: Sequence[int]) -> TokenLogprob:
     """The logprob entry of a token chosen elsewhere (a forced output), as `sample` reports it."""
-    lp = _log_softmax(_penalised(logits, sp, prompt, output))
-    top_ids = np.argsort(-lp, kind="stable")[:sp.logprobs]
-    return TokenLogprob(token, float(lp[token]), tuple((int(i), float(lp[i])) for i in top_ids))
+    return _entry(_penalised(logits, sp, prompt, output), token, sp.logprobs)
 
 
 def sample(logits: np.ndarray, sp: SamplingParams, seed: int, position: int,
@@ -91,8 +96,4 @@ def sample(logits: np.ndarray, sp: SamplingParams, seed: int, position: int,
         cdf = np.cumsum(probs)
         token = int(np.searchsorted(cdf, uniform(seed, position) * cdf[-1], side="right"))
         token = min(token, probs.size - 1)
-    if not sp.logprobs:
-        return token, None
-    lp = _log_softmax(x)
-    top_ids = np.argsort(-lp, kind="stable")[:sp.logprobs]
-    return token, TokenLogprob(token, float(lp[token]), tuple((int(i), float(lp[i])) for i in top_ids))
+    return token, (_entry(x, token, sp.logprobs) if sp.logprobs else None)

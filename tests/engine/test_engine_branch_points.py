@@ -73,3 +73,50 @@ def test_known_histories_are_bounded_and_prefix_based():
     assert known.branch_point(["a", "b", "c"], 192, 0) is None  # the prompt's end is P anyway
     known.remember(["a", "q", "r", "s"])  # 6 keys > 5: the least recently seen goes first
     assert len(known) == 5 and known.shared_blocks(["a", "b", "c"]) == 1
+
+
+@pytest.mark.parametrize("route", ["snapshot", "replay"])
+def test_sh6_branch_points_and_forced_outputs_under_pressure_equal_cold(route):
+    """Main KV just above one max_context, no spare StateImage slot, a tiny Host arena; raw
+    prompts sharing a system prompt (branch points) and one forced output; a pause in prefill,
+    another in decode, a cancel; integrity every cycle, outputs equal to an uncontended cold run."""
+    cfg = EngineConfig(max_concurrency=2, max_context=512, chunk_size=64, kv_capacity=576, progress=False,
+                       context_cache=ContextCacheConfig(host_capacity_bytes=4096, device_state_slots=0))
+    engine = Engine(cfg, program=SimProgram(cfg), start=False)
+    forced = [9, 8, 7, 6, 5, 4]
+    prompts = [SYSTEM + _user(i) for i in range(5)]
+    sps = [SamplingParams(temperature=0, max_tokens=6, forced_output=forced if i == 1 else ()) for i in range(5)]
+    try:
+        handles = [engine.submit(p, sp, request_id=f"r{i}") for i, (p, sp) in enumerate(zip(prompts, sps))]
+        paused_prefill = paused_decode = cancelled = False
+        for _ in range(5000):
+            if all(h.done() for h in handles):
+                break
+            engine.step()
+            engine.check_integrity()
+            by_id = engine.core.by_id
+            r2, r3 = by_id.get("r2"), by_id.get("r3")
+            if not paused_prefill and r2 is not None and r2.phase == "prefill" and r2.fed >= 128:
+                paused_prefill = engine.core.pause("r2", route)
+            if not paused_decode and r3 is not None and r3.phase == "decode" and len(r3.output) == 2:
+                paused_decode = engine.core.pause("r3", route)
+            if not cancelled and by_id.get("r4") is not None and by_id["r4"].phase == "prefill":
+                handles[4].cancel()
+                cancelled = True
+        assert paused_prefill and paused_decode and cancelled and all(h.done() for h in handles)
+        results = [h.result() for h in handles]
+        assert results[4].finish_reason == "cancelled"
+        assert list(results[1].token_ids) == forced
+        assert engine.stats()["branch_points"] >= 1
+        cold = _engine(False, enabled=False)
+        try:
+            for i in range(4):
+                h = cold.submit(prompts[i], sps[i])
+                while not h.done():
+                    cold.step()
+                assert h.result().token_ids == results[i].token_ids, i
+        finally:
+            cold.close()
+        engine.check_integrity()
+    finally:
+        engine.close()

@@ -327,9 +327,8 @@ def test_metrics_parse_and_move(live):
 def test_ninfer_serve_http_only_drains_a_running_stream_on_sigterm():
     import signal
 
-    proc, address = spawn_serve("--model=fake:tiny", "--port=-1", "--http_port=0", "--grace_s=5",
-                                pattern=r"serving .* on http://(127\.0\.0\.1:\d+)")
-    try:
+    with spawn_serve("--model=fake:tiny", "--port=-1", "--http_port=0", "--grace_s=5",
+                     pattern=r"serving .* on http://(127\.0\.0\.1:\d+)") as (proc, address):
         client = openai.OpenAI(api_key="x", base_url=f"http://{address}/v1", max_retries=0, timeout=30)
         stream = client.chat.completions.create(model="fake:tiny", messages=USER, max_tokens=20, stream=True)
         next(iter(stream))
@@ -339,7 +338,3 @@ def test_ninfer_serve_http_only_drains_a_running_stream_on_sigterm():
         assert proc.wait(20) == 0
         tail = proc.stderr.read()
         assert "shutting down" in tail and "stopped" in tail
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)

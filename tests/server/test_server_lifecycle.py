@@ -126,8 +126,7 @@ def test_port_in_use_is_an_error(fake_server):
 def test_ninfer_serve_shuts_down_gracefully_on_sigterm():
     """(SIGINT takes the same path: the second-signal test below sends one.)"""
     sig = signal.SIGTERM
-    proc, address = spawn_serve("--model=fake:tiny", "--port=0", "--grace_s=5")
-    try:
+    with spawn_serve("--model=fake:tiny", "--port=0", "--grace_s=5") as (proc, address):
         with NInferClient(address, timeout=20) as client:
             assert client.health() == "SERVING"
             stream = client.generate_stream("a long-ish answer", sampling={"temperature": 0, "max_tokens": 20})
@@ -138,15 +137,10 @@ def test_ninfer_serve_shuts_down_gracefully_on_sigterm():
         assert proc.wait(20) == 0
         tail = proc.stderr.read()
         assert "shutting down" in tail and "stopped" in tail
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_second_signal_cancels_running_streams_at_once():
-    proc, address = spawn_serve("--model=fake:slow,step_s=0.02,len=200", "--port=0", "--grace_s=60")
-    try:
+    with spawn_serve("--model=fake:slow,step_s=0.02,len=200", "--port=0", "--grace_s=60") as (proc, address):
         with NInferClient(address, timeout=30) as client:
             stream = client.generate_stream([1, 2], sampling={"temperature": 0, "max_tokens": 200})  # ~4 s
             next(stream)
@@ -158,7 +152,3 @@ def test_second_signal_cancels_running_streams_at_once():
             assert rest[-1].finish_reason == pb.FINISH_REASON_CANCELLED
             assert time.monotonic() - start < 3
         assert proc.wait(20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
