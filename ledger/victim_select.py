@@ -305,6 +305,7 @@ class _Select:
         self.brem = ap.budget if self.budgeted else None  # RCL-11: what is left of the budget
         self.demote = ap.demote and state.transaction is None
         self._claims = None
+        self._wide_open = None
         self.free_units = None
         self.pending: dict = {}  # cid -> the demotion needing Host victims (first MAX_VICTIM_DEMOTIONS)
 
@@ -350,20 +351,42 @@ class _Select:
                 continue  # every owner protecting it is beyond the soft target: ranked as normal
             yield (0, 0, 1, demand, 0, True, cids), "g", cids
 
-    def _src_dn(self):
+    @property
+    def wide_open(self) -> bool:
+        """May a point take a widely shared object (listed by more than BIG points) that another
+        point lists first (RCL-6)? Only if one of this pool's may move for this applicant and
+        has at least the gap ahead of it at its first point; usually the applicant protects them."""
+        if self._wide_open is None:
+            g, pool, walk, claims = self.g, self.pool, self.vi.walk, self.claims
+            self._wide_open = any(p == pool and walk[oid][0][2] >= g and claims._eligible(oid)
+                                  for oid, p in self.vi.wide.items())
+        return self._wide_open
+
+    def _reaches(self, reach: int, wide: int) -> bool:
+        """Can this demotion candidate's group take anything at this gap (RCL-6)? Else its
+        objects surely go to other points' groups, or may not move."""
         g = self.g
-        for demand, cid, reach in self.po.dn.scan(lambda agg: agg >= g):
-            if reach >= g:  # else its objects surely go to other points' groups (RCL-6)
+        return reach >= g or (wide >= g and self.wide_open)
+
+    def _keep_dem(self, agg) -> bool:
+        g = self.g
+        return agg[0] >= g or (agg[1] >= g and self.wide_open)
+
+    def _src_dn(self):
+        reaches = self._reaches
+        for demand, cid, reach, wide in self.po.dn.scan(self._keep_dem):
+            if reaches(reach, wide):
                 yield (0, 0, 0, 0.0, demand, True, (cid,)), "d", cid
 
     def _src_dr(self):
         ap = self.ap
         lim = ap.demand_time if ap.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and ap.demand_time else None
         cps, cold, g = self.cache.checkpoints, self.cold, self.g
-        for demand, cid, reach in self.po.dr.scan(lambda agg: agg >= g):
+        reaches = self._reaches
+        for demand, cid, reach, wide in self.po.dr.scan(self._keep_dem):
             if lim is not None and demand >= lim:
                 return
-            if reach < g or (cold and cps[cid].owner in cold):
+            if not reaches(reach, wide) or (cold and cps[cid].owner in cold):
                 continue
             yield (0, 0, 1, demand, 0, True, (cid,)), "d", cid
 
@@ -373,14 +396,14 @@ class _Select:
         d = self.vi.dem.get((self.pool, cid))
         if d is None or d[1] is None:
             return False
-        name, (demand, _, reach) = d[1]
+        name, (demand, _, reach, wide) = d[1]
         if name == "dn":
-            return reach >= self.g
+            return self._reaches(reach, wide)
         if self.cold and self.cache.checkpoints[cid].owner in self.cold:
             return False  # offered among the cold actions
         ap = self.ap
         lim = ap.demand_time if ap.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and ap.demand_time else None
-        return self._reuse_ok() and reach >= self.g and (lim is None or demand < lim)
+        return self._reuse_ok() and self._reaches(reach, wide) and (lim is None or demand < lim)
 
     # -- exact evaluation --
     def _x_action(self, oid):
@@ -487,12 +510,13 @@ class _Select:
         cps, cold = self.cache.checkpoints, self.cold
         g = self.g
         # read lazily, oldest first: only the first few candidates are quoted
-        normal = ((d, cid) for d, cid, r in self.po.dn.scan(lambda agg: agg >= g) if r >= g)
+        reaches, keep = self._reaches, self._keep_dem
+        normal = ((d, cid) for d, cid, r, w in self.po.dn.scan(keep) if reaches(r, w))
         if cold:
-            normal = heapq.merge(normal, sorted((d, cid) for d, cid, r in self.po.dr
-                                                if r >= g and cps[cid].owner in cold))
-        reuse = ((d, cid) for d, cid, r in self.po.dr.scan(lambda agg: agg >= g)
-                 if r >= g and not (cold and cps[cid].owner in cold))
+            normal = heapq.merge(normal, sorted((d, cid) for d, cid, r, w in self.po.dr
+                                                if reaches(r, w) and cps[cid].owner in cold))
+        reuse = ((d, cid) for d, cid, r, w in self.po.dr.scan(keep)
+                 if reaches(r, w) and not (cold and cps[cid].owner in cold))
         found = []
         fu = self._units_free()
         for tier, seq in ((Tier.NORMAL, normal), (Tier.REUSE, reuse)):

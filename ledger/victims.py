@@ -91,7 +91,8 @@ def _seg_of(chunk):
 
 
 _agg_r = _Agg(lambda c: min(it[2] for it in c), lambda a, it: a if a <= it[2] else it[2], "least loss")
-_agg_d = _Agg(lambda c: max(it[2] for it in c), lambda a, it: a if a >= it[2] else it[2], "farthest reach")
+_agg_d = _Agg(lambda c: (max(it[2] for it in c), max(it[3] for it in c)),
+              lambda a, it: (a[0] if a[0] >= it[2] else it[2], a[1] if a[1] >= it[3] else it[3]), "farthest reaches")
 _agg_seg = _Agg(_seg_of, lambda a, it: tuple(x + y for x, y in zip(a, it[2])), "footprint sums")
 
 
@@ -110,8 +111,8 @@ WIDE = 65  # frees buckets 1..64 exact; larger groups (and groups of more than B
 class PoolOrder(NamedTuple):
     n: immutables.Map  # normal tier, by frees: bucket (1..64, WIDE) -> (loss, demand, cids, frees)
     r: PSorted  # reuse: (demand, cids, loss)
-    dn: PSorted  # demotion candidates, normal: (demand, cid, reach)
-    dr: PSorted  # demotion candidates, reuse: (demand, cid, reach)
+    dn: PSorted  # demotion candidates, normal: (demand, cid, reach, wide reach)
+    dr: PSorted  # demotion candidates, reuse: (demand, cid, reach, wide reach)
     x: PSorted  # duplicate replicas: (oid,)
     held: int  # listed objects with a complete Device replica
 
@@ -143,6 +144,7 @@ class VictimIndex(NamedTuple):
     hord: PSorted = _EMPTY_SORTED  # (stored tier, loss, demand, cids): a bound of the Host rank
     hreuse: immutables.Map = _EMPTY  # holder sets with a reuse-tier owner (a quote's HEAT-4 read)
     pending: tuple = ()  # cache changes not yet applied: (holders, cids, owners, pools) batches (`sync`)
+    wide: immutables.Map = _EMPTY  # oid -> pool: shared objects listed by more than BIG points
 
 
 def _empty_order() -> PoolOrder:
@@ -213,7 +215,52 @@ def single_loss(cache, facts, cid: int):
 
 
 def _cids(hs) -> tuple:
+    if len(hs) > BIG:
+        return _wide_facts(hs)[1]
     return tuple(sorted(h[1] for h in hs if h[0] == "ckpt"))
+
+
+# Facts of holder sets wider than BIG (a page every history shares: thousands of holders), so
+# that a change adding or removing one holder costs no walk over the others. Each entry is
+# (points, sorted cids, parent set, holder, sign): derived from the set it was made from by one
+# holder (`derive_wide`), or counted once. Bounded: cleared when it grows past _WIDE_MEMO_MAX.
+_WIDE_MEMO: dict = {}
+_WIDE_MEMO_MAX = 4096
+
+
+def _wide_facts(hs) -> tuple:
+    got = _WIDE_MEMO.get(hs)
+    if got is None:
+        cids = tuple(sorted(h[1] for h in hs if h[0] == "ckpt"))
+        got = _remember(hs, (len(cids), cids, None, None, 0))
+    return got
+
+
+def _remember(hs, facts: tuple) -> tuple:
+    if len(_WIDE_MEMO) >= _WIDE_MEMO_MAX:
+        _WIDE_MEMO.clear()
+    _WIDE_MEMO[hs] = facts
+    return facts
+
+
+def derive_wide(old, new, holder, sign: int) -> None:
+    """`new` is `old` with `holder` added (sign > 0) or removed: its points from old's."""
+    if len(old) <= BIG or len(new) <= BIG or new in _WIDE_MEMO:
+        return
+    n, cids = _wide_facts(old)[:2]
+    if holder[0] == "ckpt":
+        i = bisect_left(cids, holder[1])
+        if sign > 0:
+            n, cids = n + 1, cids[:i] + (holder[1],) + cids[i:]
+        else:
+            n, cids = n - 1, cids[:i] + cids[i + 1:]
+    _remember(new, (n, cids, old, holder, sign))
+
+
+def wide_parent(hs):
+    """(parent set, holder, sign) if `hs` was derived from a set by one holder, else None."""
+    got = _WIDE_MEMO.get(hs)
+    return got[2:] if got is not None and got[2] is not None else None
 
 
 def _hot_demand(cache, facts, cids) -> tuple[frozenset, int]:
@@ -283,27 +330,38 @@ def host_key(cache, facts, hs, sl) -> tuple:
     return (Tier.REUSE if hot else Tier.NORMAL, loss, demand, cids), hot, reuse
 
 
-def dem_key(cache, facts, cid: int, reach: int) -> tuple:
+def dem_key(cache, facts, cid: int, reaches: tuple) -> tuple:
     c = cache.checkpoints.get(cid)
     if c is None:
         return None
     h, t = facts.hot(c, _NONE)
-    return ("dr" if h else "dn", (t, cid, reach))
+    return ("dr" if h else "dn", (t, cid) + reaches)
 
 
-def reach(cid: int, objs, walk) -> int:
-    """RCL-6: the demotion group of point `cid` (objects `objs` in one pool) can take something
-    only for gaps above this. An object another point lists first in walk order, with fewer
-    objects ahead of it there than the gap, goes to that point's group (or, when it may not
-    move, to none); an object `cid` lists first or alone may be its own at any gap (INF)."""
-    r = -1
+def reach(cid: int, objs, walk, xrep) -> tuple:
+    """RCL-6: (reach, wide reach): the demotion group of point `cid` (objects `objs` in one pool)
+    can take something only for gaps up to one of these. Only Device-only objects can move. An
+    object another point lists first in walk order, with fewer objects ahead of it there than
+    the gap, goes to that point's group (or, when it may not move, to none); an object `cid`
+    lists first or alone may be its own at any gap (INF). Objects listed by more than BIG points
+    (a page every history shares) count in the wide reach: a quote reads it only when such an
+    object may move for its applicant, so a shared page its applicant protects does not make
+    every point that lists it a candidate."""
+    r, wr = -1, -1
     for oid in objs:
+        x = xrep.get(oid)
+        if x is not None and not (x[0] and not x[1]):
+            continue  # a Host replica exists or no Device one: not demotable
         w = walk.get(oid)
         if w is None or w[0][1] == cid:
-            return INF
-        if w[0][2] > r:
-            r = w[0][2]
-    return r
+            return INF, -1
+        a = w[0][2]
+        if len(w) > BIG:
+            if a > wr:
+                wr = a
+        elif a > r:
+            r = a
+    return r, wr
 
 
 def pool_objects(c, pool: str, opool) -> list:
@@ -384,6 +442,7 @@ class _Work:
         self.opool = _Lazy(vi.opool)
         self.dem = _Lazy(vi.dem)
         self.walk = _Lazy(vi.walk)
+        self.wide = _Lazy(vi.wide)
         self.hl = _Lazy(vi.hlive)
         self.hdirty: set = set()  # holder sets whose Host-only count moved
         self._aheads: dict = {}
@@ -436,7 +495,7 @@ class _Work:
             w = self.gw[key] = [set(g.members), g.live, g.live] if g is not None else [set(), 0, 0]
         return w
 
-    def _obj(self, oid: int, hs, x, pool: str, sign: int) -> None:
+    def _obj(self, oid: int, hs, x, pool: str, sign: int, dem: bool = True) -> None:
         d, h, _ = _pres(x)
         if not any(t[0] == "ckpt" for t in hs):
             return  # held by waiters only: not a candidate (RCL-1: checkpoints' objects)
@@ -459,26 +518,36 @@ class _Work:
             else:
                 del self.hl[hs]
             self.hdirty.add(hs)
-        if d and not h:
+        if dem and d and not h:
             for t in hs:
                 if t[0] == "ckpt":
-                    k = (pool, t[1])
-                    cur = self.dem.get(k)
-                    self.dem[k] = ((cur[0] if cur else 0) + sign, cur[1] if cur else None)
-                    self.dirty_dem.add(k)
+                    self._dem_count(pool, t[1], sign)
+
+    def _dem_count(self, pool: str, cid: int, sign: int) -> None:
+        k = (pool, cid)
+        cur = self.dem.get(k)
+        self.dem[k] = ((cur[0] if cur else 0) + sign, cur[1] if cur else None)
+        self.dirty_dem.add(k)
 
     def hold(self, oid: int, holder, sign: int, pool: str | None = None) -> None:
         old = self.oh.get(oid, _NONE)
         new = old | {holder} if sign > 0 else old - {holder}
         if new == old:
             return
+        derive_wide(old, new, holder, sign)
         if pool is None:
             pool = self.opool[oid]
         x = self.xrep.get(oid)
+        # One holder joins or leaves: the others' demotion counts stay as they are, so only the
+        # changed holder's moves (a page every history shares has thousands of holders).
         if old:
-            self._obj(oid, old, x, pool, -1)
+            self._obj(oid, old, x, pool, -1, dem=False)
         if new:
-            self._obj(oid, new, x, pool, +1)
+            self._obj(oid, new, x, pool, +1, dem=False)
+        d, h, _ = _pres(x)
+        if d and not h and holder[0] == "ckpt":
+            self._dem_count(pool, holder[1], sign)
+        if new:
             self.oh[oid] = new
             self.opool[oid] = pool
         else:
@@ -510,7 +579,13 @@ class _Work:
             self.walk[oid] = new
         else:
             del self.walk[oid]
-        if not new or len(new) < 2 or new[0] != cur[0]:
+        if (len(new) > BIG) != (len(cur) > BIG):  # its listers count it in the other reach now
+            if len(new) > BIG:
+                self.wide[oid] = self.opool[oid]
+            else:
+                del self.wide[oid]
+            self._first_moved(oid, [e[1] for e in cur] + [cid])
+        elif not new or len(new) < 2 or new[0] != cur[0]:
             self._first_moved(oid, [e[1] for e in cur] + [cid])
 
     def _first_moved(self, oid: int, cids) -> None:
@@ -540,6 +615,12 @@ class _Work:
             pool = self.opool[oid]
             self._obj(oid, hs, x0, pool, -1)
             self._obj(oid, hs, x1, pool, +1)
+            d0, h0, _ = _pres(x0)
+            d1, h1, _ = _pres(x1)
+            if bool(d0 and not h0) != bool(d1 and not h1):  # it enters or leaves its listers' reach
+                for t in hs:
+                    if t[0] == "ckpt" and (pool, t[1]) in self.dem:
+                        self.dirty_dem_key.add((pool, t[1]))
         b = self.billed.get(oid)
         if b is not None:
             vec = self._vec(b[0])
@@ -556,6 +637,52 @@ class _Work:
         self.xrep = xrep
 
     # -- keys --
+    def _wide_chain(self, pool: str, hs):
+        """A holder set wider than BIG made in this change from one the index keeps, by adding
+        or removing a few holders: (that kept group, [(holder, sign), ...]), else None."""
+        steps = []
+        cur = hs
+        for _ in range(16):
+            par = wide_parent(cur)
+            if par is None:
+                return None
+            cur, h, sign = par
+            steps.append((h, sign))
+            g = self.vi.groups.get((pool, cur))
+            if g is not None:
+                return (cur, g, steps) if _width(cur) > BIG else None
+        return None
+
+    def _wide_special(self, pool: str, hs):
+        """Is a new wide holder set special (WAIT-2, PAUSE-4), from the kept set it was made
+        from: that one's flag, the holders added, and the points whose facts moved. None: count
+        it (a special holder left, or no kept ancestor)."""
+        got = self._wide_chain(pool, hs) if _width(hs) > BIG else None
+        if got is None:
+            return None
+        _, g, steps = got
+        if g.special and any(sign < 0 for _, sign in steps):
+            return None
+        cache = self.cache
+        return (g.special or any(sign > 0 and special_holder(cache, h) for h, sign in steps)
+                or any(special_holder(cache, ("ckpt", c)) for c in self.dcids if ("ckpt", c) in hs))
+
+    def _wide_bound(self, pool: str, hs, sl, sl_delta):
+        """The loss bound of a new wide group (the sum of its points' own losses, RCL-5) from
+        the kept group it was made from: its bound, the moved losses of its points, the points
+        added or removed. None: compute it."""
+        got = self._wide_chain(pool, hs) if _width(hs) > BIG else None
+        if got is None:
+            return None
+        anc, g, steps = got
+        if g.special or len(g.items) != 1 or g.items[0][0] != ("n", WIDE):
+            return None
+        lb = g.items[0][1][0] + sum(sl_delta.get(c, 0) for c in self.dcids if ("ckpt", c) in anc)
+        for h, sign in steps:
+            if h[0] == "ckpt":
+                lb += sign * (sl.get(h[1]) or 0)
+        return lb
+
     def dirty_cid(self, cid: int) -> None:
         self.dcids.add(cid)
         vi = self.vi
@@ -743,7 +870,10 @@ class _Work:
             if g is None:
                 continue
             pool, hs = key
-            if key in fresh or _width(hs) <= BIG:
+            derived = self._wide_special(pool, hs) if key in fresh else None
+            if derived is not None:
+                sp_now = derived
+            elif key in fresh or _width(hs) <= BIG:
                 sp_now = is_special(cache, hs)
             else:  # a large group: only its changed points can have become special
                 sp_now = g.special or any(special_holder(cache, ("ckpt", c)) for c in self.dcids
@@ -788,7 +918,11 @@ class _Work:
                 lb += sum(sl_delta.get(c, 0) for c in self.dcids if ("ckpt", c) in hs)
                 items, hot = ((name, (lb, z, cids, inf)),), _NONE
             else:
-                items, hot = group_key(cache, facts, hs, g.live, g.frees, sl, kmemo)
+                lb = self._wide_bound(pool, hs, sl, sl_delta) if key in fresh and g.live else None
+                if lb is not None:  # a large group made from one the index kept, by a few holders
+                    items, hot = ((("n", WIDE), (lb, 0, _cids(hs), INF)),), _NONE
+                else:
+                    items, hot = group_key(cache, facts, hs, g.live, g.frees, sl, kmemo)
             if items != g.items:
                 self._drop_items(pool, g.items)
                 for name, it in items:
@@ -805,7 +939,7 @@ class _Work:
             want = None
             if n > 0 and k[1] in cache.checkpoints:
                 objs = pool_objects(cache.checkpoints[k[1]], k[0], self.opool)
-                want = dem_key(cache, facts, k[1], reach(k[1], objs, self.walk))
+                want = dem_key(cache, facts, k[1], reach(k[1], objs, self.walk, self.xrep))
             if want != stored:
                 pool = k[0]
                 if stored is not None:
@@ -891,13 +1025,14 @@ class _Work:
             heat = heat._replace(billed=self.billed.finish())
         return VictimIndex(vi.pools, self.xrep, self.oh.finish(), self.opool.finish(), groups.finish(),
                            gidx.finish(), big_map, sp_map, orders, self.dem.finish(),
-                           sl.finish(), self.walk.finish(), heat, hl.finish(), hitems.finish(), hord, hreuse.finish())
+                           sl.finish(), self.walk.finish(), heat, hl.finish(), hitems.finish(), hord, hreuse.finish(),
+                           wide=self.wide.finish())
 
 
 def _width(hs) -> int:
     """How many points a holder set has (its waiters aside); exact only when it matters (> BIG)."""
     n = len(hs)
-    return n if n <= BIG else sum(1 for h in hs if h[0] == "ckpt")
+    return n if n <= BIG else _wide_facts(hs)[0]
 
 
 def _set_map(base, changed: dict):
@@ -1066,7 +1201,7 @@ def build(state, cache) -> VictimIndex:
         groups[key] = Group(frozenset(ms), live[key], frees, items, hot, False)
     dem_out = {}
     for k, n in dem.items():
-        want = dem_key(cache, facts, k[1], reach(k[1], pool_objects(cache.checkpoints[k[1]], k[0], opool), walk))
+        want = dem_key(cache, facts, k[1], reach(k[1], pool_objects(cache.checkpoints[k[1]], k[0], opool), walk, xrep))
         dem_out[k] = (n, want)
         if want is not None:
             lists[k[0]][want[0]].append(want[1])
@@ -1109,7 +1244,8 @@ def build(state, cache) -> VictimIndex:
                        immutables.Map(dem_out), immutables.Map(sl), immutables.Map(walk),
                        heat, immutables.Map(hlive), immutables.Map(hitems),
                        from_sorted(sorted(it[0] for it in hitems.values())),
-                       immutables.Map({hs: None for hs, it in hitems.items() if it[2]}))
+                       immutables.Map({hs: None for hs, it in hitems.items() if it[2]}),
+                       wide=immutables.Map({oid: opool[oid] for oid, w in walk.items() if len(w) > BIG}))
 
 
 def compare(got: VictimIndex, want: VictimIndex) -> list[str]:
@@ -1118,7 +1254,7 @@ def compare(got: VictimIndex, want: VictimIndex) -> list[str]:
     if got.pools != want.pools:
         errs.append(f"victim index pools {got.pools} != {want.pools}")
     for name in ("oh", "opool", "gidx", "big", "special", "dem", "sl", "walk", "hlive", "hitems",
-                 "hreuse"):
+                 "hreuse", "wide"):
         a, b = getattr(got, name), getattr(want, name)
         if a != b:
             keys = sorted(map(repr, {k for k in set(a.keys()) | set(b.keys()) if a.get(k) != b.get(k)}))

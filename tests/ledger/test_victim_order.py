@@ -272,3 +272,44 @@ def test_host_gap_with_a_full_arena_matches_reference():
             assert (q.chosen, q.admitted, q.freed, q.cold) == (r.chosen, r.admitted, r.freed, r.cold)
     order_matches_scratch(s, c)
     quotes_agree(s, c, 3, 16)
+
+
+def test_a_protected_widely_shared_page_makes_no_point_a_demotion_candidate(monkeypatch):
+    """RCL-6 at scale: once each history's own pages are on Host, the only Device-only page
+    most points list is the system prompt's, which every point shares and a request continuing
+    that prompt protects. A quote for that request must not evaluate a demotion group per
+    point (each comes out empty): the wide page counts in a separate reach that the quote reads
+    only when such a page may move for its applicant. Chosen actions equal the reference."""
+    sim = make(main=256, slots=64, host=1 << 20)
+    _prompt_family(sim, 14)
+    # demote every history's own pages (State first, as RD-8 orders it), keeping the shared point
+    shared = next(c for c in sim.cache.checkpoints.values() if c.kind == L.PointKind.SHARED)
+    for _ in range(40):
+        q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 1), L.Applicant(L.ApplicantKind.NECESSARY),
+                    shared.object_ids())
+        if not q.admitted or not any(a.kind == "demote" for a in q.chosen):
+            break
+        sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
+        sim.drive_transaction()
+    _check(sim, 0)
+    vi = V.sync(sim.cache.victims, sim.state, sim.cache)
+    assert vi.wide, "the system prompt's pages are listed by more than BIG points"
+    listers = max(len(vi.walk[o]) for o in vi.wide)
+    assert listers > V.BIG
+    tries = []
+    real = L.victim_select._Claims._try
+    monkeypatch.setattr(L.victim_select._Claims, "_try", lambda self, cid: tries.append(cid) or real(self, cid))
+    for amount in (1, 2):
+        for ap in (L.Applicant(L.ApplicantKind.NECESSARY), L.Applicant(L.ApplicantKind.CAPTURE, budget=1000)):
+            tries.clear()
+            gap = L.Gap(L.MAIN_KV, amount)
+            q = L.quote(sim.state, sim.cache, gap, ap, shared.object_ids())
+            evaluated = len(tries)
+            r = L.quote_reference(sim.state, sim.cache, gap, ap, shared.object_ids())
+            assert (q.chosen, q.admitted, q.freed, q.loss) == (r.chosen, r.admitted, r.freed, r.loss)
+            assert evaluated < listers // 2, f"{evaluated} demotion groups evaluated for {listers} listing points"
+    # unprotected, the shared page may move again: the fast quote still agrees with the reference
+    for amount in (1, 2, 3):
+        q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, amount), L.Applicant(L.ApplicantKind.NECESSARY))
+        r = L.quote_reference(sim.state, sim.cache, L.Gap(L.MAIN_KV, amount), L.Applicant(L.ApplicantKind.NECESSARY))
+        assert (q.chosen, q.admitted, q.freed, q.loss) == (r.chosen, r.admitted, r.freed, r.loss)
