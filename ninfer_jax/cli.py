@@ -88,6 +88,17 @@ _TRACE_LIMIT = flags.DEFINE_integer("trace_limit", None, "trace: replay only the
 _COLD = flags.DEFINE_bool("cold", True, "trace: also replay with the context cache off (the TTFT baseline).")
 _BRANCH_POINTS = flags.DEFINE_bool("branch_points", None, "Context cache: offer raw prompts a shared save point "
                                    "where they leave every recently seen prompt (default on).")
+_CACHE_DEVICE_BYTES = flags.DEFINE_integer("cache_device_bytes", None, "trace --program=sim, plan: N device bytes "
+                                           "shared by Main KV pages, StateImage slots and backend pools, instead of "
+                                           "the device-memory solve (\"what if the cache had N bytes\").")
+_SPLIT = flags.DEFINE_float("split", None, "trace, plan: the StateImage share of --cache_device_bytes, in (0, 1) "
+                            "(default: one StateImage per max_context/4 of Main KV, 2C slots at least where Main "
+                            "KV keeps one max_context).")
+_SPLIT_SWEEP = flags.DEFINE_string("split_sweep", None, "trace: replay --cache_device_bytes at each of these "
+                                   "comma-separated StateImage shares (or 'default'), report each and the best.")
+_SKIP_TOO_LONG = flags.DEFINE_bool("skip_too_long", False, "trace: report the requests that cannot fit max_context "
+                                   "(requests_too_long) and replay the rest, instead of refusing the replay; with "
+                                   "--cache_device_bytes, max_context is bounded by what Main KV holds.")
 _QUICK = flags.DEFINE_bool("quick", False, "bench preempt: the smallest run (the cost-model Program only, seconds).")
 
 COMMANDS = tuple(cli_help.COMMANDS)
@@ -131,6 +142,11 @@ def _no_arguments(command: str, args: list[str]) -> None:
 def _print_figures(figures: dict) -> None:
     if _JSON.value:
         print(json.dumps(figures, sort_keys=True))
+        return
+    if "sweep" in figures:  # ninfer trace --split_sweep: one row per split
+        from ninfer_jax.bench.trace import sweep_text
+
+        print(sweep_text(figures))
         return
     width = max((len(k) for k in figures), default=0)
     for key, value in figures.items():
@@ -392,18 +408,22 @@ def cmd_trace(args: list[str]) -> int:
         print("usage: ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi|mooncake] [--json]"
               "   (ninfer trace --help lists its flags)", file=sys.stderr)
         return 2
+    source = args[0]
+    cache = {"cache_device_bytes": _CACHE_DEVICE_BYTES.value, "split": _SPLIT.value, "split_sweep": _SPLIT_SWEEP.value}
     try:
-        from ninfer_jax.engine.preflight import preflight
+        from ninfer_jax.bench.trace import cache_budgets, check_cache_flags, load_trace
+        from ninfer_jax.engine.preflight import model_config, preflight
 
         config = engine_config_from_flags()
         _sampling()
+        # The cache byte budget flags (docs/trace.md): checked before anything loads or replays.
+        check_cache_flags(_PROGRAM.value, config, **cache)
         if _PROGRAM.value == "sim":  # the cost-model Program: the built-in sizes, or the folder's config.json
-            from ninfer_jax.model import builtin
-            from ninfer_jax.model.config import load_config
             from ninfer_jax.sim.program import CostModel
 
-            preflight(config, model=builtin.config() if config.model.startswith("builtin:")
-                      else load_config(config.model))
+            model = model_config(config.model)
+            if _CACHE_DEVICE_BYTES.value is None:
+                preflight(config, model=model)
             if _COST.value:
                 CostModel.load(_COST.value)  # a bad cost file is refused before the replay
         else:
@@ -412,13 +432,31 @@ def cmd_trace(args: list[str]) -> int:
 
                 raise ConfigError("cost", "sets the cost-model Program's costs: it needs --program=sim")
             preflight(config)
+        if _CACHE_DEVICE_BYTES.value is not None:  # every split sized (and refused) before the first replay
+            try:
+                source = load_trace(args[0], _TRACE_FORMAT.value)
+            except TraceError as e:
+                print(f"ninfer trace: {e}", file=sys.stderr)
+                return 2
+            if _TRACE_LIMIT.value:
+                import dataclasses
+
+                n = _TRACE_LIMIT.value
+                source = dataclasses.replace(source, requests=source.requests[:n],
+                                             output_tokens=source.output_tokens[:n])
+            cache_budgets(source, config, cache_device_bytes=_CACHE_DEVICE_BYTES.value, split=_SPLIT.value,
+                          split_sweep=_SPLIT_SWEEP.value, skip_too_long=_SKIP_TOO_LONG.value,
+                          max_context=_MAX_CONTEXT.value, default_max_tokens=_MAX_TOKENS.value)
         _enable_compilation_cache()
     except _usage_errors() as e:
         return _refuse("trace", e)
     try:
-        figures = run_trace(args[0], config, program=_PROGRAM.value, fmt=_TRACE_FORMAT.value,
-                            cold=_COLD.value, limit=_TRACE_LIMIT.value, temperature=_TEMPERATURE.value,
-                            seed=_SEED.value, default_max_tokens=_MAX_TOKENS.value, report=_REPORT.value,
+        figures = run_trace(source, config, program=_PROGRAM.value, fmt=_TRACE_FORMAT.value,
+                            cold=_COLD.value, limit=None if not isinstance(source, str) else _TRACE_LIMIT.value,
+                            temperature=_TEMPERATURE.value, seed=_SEED.value, default_max_tokens=_MAX_TOKENS.value,
+                            report=_REPORT.value, skip_too_long=_SKIP_TOO_LONG.value,
+                            max_context=_MAX_CONTEXT.value, name=args[0],
+                            **{k: v for k, v in cache.items() if v is not None},
                             **({"cost": _COST.value} if _COST.value else {}))
     except TraceError as e:
         print(f"ninfer trace: {e}", file=sys.stderr)
@@ -439,15 +477,30 @@ def cmd_plan(args: list[str]) -> int:
         config = engine_config_from_flags()
         model = model_config(config.model)  # config.json only: a folder needs no weights here
         size = itemsize(config)
+        from ninfer_jax.errors import ConfigError
+        from ninfer_jax.plan import check_cache_device_bytes, check_split
+
+        if _SPLIT.value is not None:
+            check_split(_SPLIT.value)
+            if _CACHE_DEVICE_BYTES.value is None:
+                raise ConfigError("split", "is the StateImage share of --cache_device_bytes: give "
+                                           "--cache_device_bytes=N too")
+        if _CACHE_DEVICE_BYTES.value is not None:
+            check_cache_device_bytes(_CACHE_DEVICE_BYTES.value)
     except _usage_errors() as e:
         return _refuse("plan", e)
-    from ninfer_jax.errors import ConfigError
-    from ninfer_jax.plan import plan_capacity
+    from ninfer_jax.plan import plan_capacity, with_cache_bytes
 
     try:
         plan = plan_capacity(config, model, size)
     except ConfigError as e:  # CFG-2, CFG-6: the config does not fit the device
         return _failed("plan", e)
+    if _CACHE_DEVICE_BYTES.value is not None:
+        try:  # N split as ninfer trace --cache_device_bytes would; a budget it cannot split is a usage error
+            plan = with_cache_bytes(plan, model, _CACHE_DEVICE_BYTES.value, _SPLIT.value,
+                                    max_context_given=FLAGS["max_context"].present)
+        except ConfigError as e:
+            return _refuse("plan", e)
     print(json.dumps(plan.as_dict(), sort_keys=True) if _JSON.value else plan.text())
     return 0
 

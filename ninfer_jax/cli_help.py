@@ -26,6 +26,9 @@ ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_
 CAPACITY = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "device_state_slots",
             "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction")
 
+# ninfer trace --program=sim: one byte budget for the pools instead of the device solve (docs/trace.md).
+CACHE_BUDGET = ("cache_device_bytes", "split", "split_sweep", "skip_too_long")
+
 
 @dataclasses.dataclass(frozen=True)
 class Command:
@@ -83,21 +86,26 @@ COMMANDS: dict[str, Command] = {
         "ninfer trace FILE [--program=model|sim] [--trace_format=auto|chat|marconi|mooncake] [--json] [flags]",
         "Replays a trace (docs/trace.md) with the context cache on, and off with --cold: reuse "
         "against the offline bound, TTFT cached vs cold.",
-        (("trace", ("program", "trace_format", "trace_limit", "cold", "json", "report", "cost") + SAMPLING), ("model", MODEL),
-         ("engine", ENGINE)),
+        (("trace", ("program", "trace_format", "trace_limit", "cold", "json", "report", "cost") + SAMPLING),
+         ("cache byte budget", CACHE_BUDGET), ("model", MODEL), ("engine", ENGINE)),
         ("python -m ninfer_jax.bench.trace_gen --kind agent --sessions 200 --out agent.jsonl",
-         "ninfer trace agent.jsonl --program=sim")),
+         "ninfer trace agent.jsonl --program=sim",
+         "ninfer trace marconi.jsonl --program=sim --model=ninfer_jax/sim/geometries/qwen3_next_80b_a3b "
+         "--cache_device_bytes=17179869184 --split_sweep=0.1,0.25,0.5 --skip_too_long")),
     "plan": Command(
         "print the capacity plan: weights, Main KV, StateImages, workspace on the device (no weights loaded)",
         "ninfer plan [--model=FOLDER] [--dtype=...] [--max_concurrency=C] [--max_context=TOKENS] "
-        "[--device_memory_bytes=N] [--json]",
+        "[--device_memory_bytes=N] [--cache_device_bytes=N [--split=S]] [--json]",
         "Prints what the engine would put on the device for these flags: the device's memory (asked of "
         "the device, or --device_memory_bytes: a device with N bytes) times --device_memory_fraction, "
         "the weights, the Main KV it solves (pages, tokens, bytes), the StateImage slots, backend pools, "
         "workspace, compiled-step space, the Host arena and what is left free. It reads the model's "
-        "config.json only; no weights are loaded and nothing compiles. Exit 1, with the ConfigError, "
-        "when the plan cannot fit; 2 for bad flags.",
-        (("plan", ("json",)), ("model", MODEL), ("capacity", CAPACITY)),
+        "config.json only; no weights are loaded and nothing compiles. It also shows the default "
+        "split of a cache byte budget between StateImage slots and Main KV (the one `ninfer trace "
+        "--cache_device_bytes` uses without --split), and with --cache_device_bytes=N the pools N "
+        "gives at --split (or that default). Exit 1, with the ConfigError, when the plan cannot fit; "
+        "2 for bad flags.",
+        (("plan", ("json", "cache_device_bytes", "split")), ("model", MODEL), ("capacity", CAPACITY)),
         ("ninfer plan --model=/path/to/Qwen3-Next-80B-A3B-Instruct --max_concurrency=8 --max_context=32768 "
          "--device_memory_bytes=206158430208",
          "ninfer plan --json                                # the built-in model on this device")),
@@ -116,12 +124,16 @@ _NONE_DEFAULTS = {
     "trace_limit": "every request",
     "compilation_cache": "$NINFER_COMPILATION_CACHE, else ~/.cache/ninfer/jax",
     "program": "model",
+    "cache_device_bytes": "none: the pools are solved from the device's memory",
+    "split": "one StateImage per max_context/4 of Main KV, 2C slots at least where Main KV keeps one max_context",
+    "split_sweep": "none: one split",
 }
 _METAVARS = {"model": "FOLDER", "prompt": "TEXT", "token_ids": "IDS", "server": "HOST:PORT", "host": "HOST",
              "token": "TOKEN", "messages": "JSON|@FILE", "session": "ID", "compilation_cache": "FOLDER|off",
              "port": "PORT", "max_message_bytes": "BYTES", "host_capacity_bytes": "BYTES", "kv_capacity": "TOKENS",
              "max_context": "TOKENS", "chunk_size": "TOKENS", "turns": "N", "trace_limit": "N",
-             "device_memory_bytes": "BYTES", "device_memory_fraction": "FRACTION"}
+             "device_memory_bytes": "BYTES", "device_memory_fraction": "FRACTION", "cache_device_bytes": "BYTES",
+             "split": "FRACTION", "split_sweep": "S1,S2,..."}
 
 
 def engine_default(name: str) -> str | None:
@@ -175,6 +187,20 @@ _OVERRIDES = {
     ("trace", "json"): ("print the figures as one JSON object.", None),
     ("plan", "json"): ("print the plan as one JSON object.", None),
     ("trace", "max_tokens"): ("tokens to generate for requests whose trace line gives no output length.", None),
+    ("trace", "cache_device_bytes"): (
+        "--program=sim: N device bytes shared by Main KV pages, StateImage slots and backend pools instead of the "
+        "device-memory solve; max_context defaults to the trace's longest request, raised as CFG-6 requires for "
+        "the pool.", None),
+    ("trace", "split"): ("the StateImage share of --cache_device_bytes, in (0, 1).", None),
+    ("trace", "split_sweep"): ("replay --cache_device_bytes at each of these comma-separated StateImage shares "
+                               "('default': the default rule's), report each and best_split (by cached_tokens).",
+                               None),
+    ("trace", "skip_too_long"): ("report requests that cannot fit max_context per request (requests_too_long) and "
+                                 "replay the rest, instead of refusing; with --cache_device_bytes max_context is "
+                                 "bounded by what Main KV holds.", None),
+    ("plan", "cache_device_bytes"): ("show how N cache bytes split between StateImage slots and Main KV pages, as "
+                                     "ninfer trace --cache_device_bytes would.", None),
+    ("plan", "split"): ("with --cache_device_bytes: the StateImage share, in (0, 1).", None),
 }
 _SCOPE = re.compile(r"^(Engine|serve|chat|trace|generate/chat( --server)?|bench preempt): ")
 

@@ -45,6 +45,26 @@ which live in host memory there, are shown but not charged (the CFG-2 default).
   bucket and every decode bucket) 16 MiB + 1 MiB per layer, plus 64 MiB for the head, the
   stores' movers and the backend's own.
 - **backend pools**: backend KV pools (speculative decoding); none are built yet, so 0.
+
+One cache byte budget split (`split_cache_bytes`, `ninfer trace --cache_device_bytes=N
+[--split=S]`, `ninfer plan --cache_device_bytes=N`): instead of solving against the device's
+memory, N bytes are shared by the StateImage slots, the Main KV pages and the backend pools
+that grow with them (weights, workspace and compiled steps are not charged: "what if the
+cache had N bytes"):
+
+    StateImage slots   k = min(floor(S × N / StateImage bytes), C + 4096)   (CFG-4: at least C)
+    Main KV pages      p = the largest count with p × page bytes + backend KV(p) ≤ N − k × StateImage bytes
+                                                                             (CFG-6: at least C)
+
+The default split (`default_split`, no --split): one StateImage per quarter `max_context` of
+Main KV, S = s / (s + ceil(max_context/4/64) × page bytes) for a StateImage of s bytes. A
+cached context is resumed from a StateImage together with its pages; a session's contexts
+grow toward `max_context` and average about half of it, and each keeps about two StateImages
+(its input recovery point and its end E), so at this split the two pools run out together
+(docs/trace.md, "The cache byte budget", has the measurements behind it). Then, for N known,
+Main KV keeps one `max_context` (CFG-6) first: S rises to hold CFG-4's default of 2C slots
+(C basic + device_state_slots = C) only as far as that allows, falls where the rule would
+take those pages, and gives exactly C slots when even that leaves less than one `max_context`.
 """
 from __future__ import annotations
 
@@ -183,6 +203,17 @@ class CapacityPlan:
     kv_limited_by: str  # "CFG-6 upper bound" | "device memory" | "default budget" | "kv_capacity"
     host_arena_bytes: int
     pages_per_request: int
+    # The cache byte budget (split_cache_bytes): the default StateImage share for this plan's
+    # pool bytes (or --cache_device_bytes), the split it gives, and with --cache_device_bytes
+    # the split asked for (--split, else the default).
+    default_split: float = 0.0
+    default_split_pools: "CacheSplit | None" = None
+    cache: "CacheSplit | None" = None
+
+    @property
+    def pool_bytes(self) -> int:
+        """Main KV, StateImage slots and backend pools: what a cache byte budget shares."""
+        return self.kv_bytes + self.state_bytes + self.backend_pool_bytes
 
     @property
     def kv_tokens(self) -> int:
@@ -238,7 +269,22 @@ class CapacityPlan:
             "compiled_steps": {"bytes": self.compiled_step_bytes, "programs": self.compiled_step_programs,
                                "bytes_per_program": self.compiled_program_bytes, "charged": self.charged},
             "host_arena_bytes": self.host_arena_bytes,
+            "split": self._split_dict(),
+            **({"cache": self.cache.as_dict()} if self.cache is not None else {}),
         }
+
+    def _split_dict(self) -> dict[str, Any]:
+        at = self.default_split_pools
+        return {"default": self.default_split, "rule": DEFAULT_SPLIT_RULE,
+                "pool_bytes": at.cache_device_bytes if at is not None else self.pool_bytes,
+                "state_slots": at.state_slots if at is not None else None,
+                "kv_pages": at.kv_pages if at is not None else None}
+
+    def _split_row(self) -> str:
+        at = self.default_split_pools
+        where = (f"; {size(at.cache_device_bytes)} of pools at S would be {at.state_slots:,} StateImage slots + "
+                 f"{at.kv_pages:,} Main KV pages" if at is not None else "")
+        return f"S = {self.default_split:.4g}, {DEFAULT_SPLIT_RULE}{where}"
 
     def text(self) -> str:
         """The plan as aligned lines, `label  size  how` (`ninfer plan`)."""
@@ -275,7 +321,10 @@ class CapacityPlan:
              f"{size(COMPILED_OTHER_BYTES)} (an allowance){nc}"),
             ("free", self.free_bytes, f"{self.free_bytes:,} B of the {self.budget_bytes:,} B budget unused"),
             ("Host arena", self.host_arena_bytes, "host memory (CFG-5), not on the device"),
+            ("default split", None, self._split_row()),
         ]
+        if self.cache is not None:
+            rows.append(("cache bytes", self.cache.cache_device_bytes, self.cache.text()))
         head = (f"ninfer plan: {self.model} ({self.model_type}), {self.dtype}, C={self.max_concurrency}, "
                 f"max_context={self.max_context}, chunk_size={self.chunk_size}, backend={self.backend}")
         width = max(len(k) for k, _, _ in rows)
@@ -365,6 +414,14 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
     host = config.context_cache.host_capacity_bytes
     if host is None:
         host = cap.default_host_capacity_bytes(state_bytes)
+    backend_bytes = sum(cap.backend_pages(pages, pt) * pb for pt, pb in backend_pools)
+    pool_bytes = pages * page_bytes + slots * state_bytes + backend_bytes
+    share = default_split(model, itemsize, config.max_context, c, pool_bytes)
+    try:
+        at = split_cache_bytes(model, itemsize, pool_bytes, c, split=share, split_source="default rule",
+                               max_context=config.max_context, backend_pools=backend_pools)
+    except ConfigError:  # pools too small for C slots and C pages at the default share: shown without
+        at = None
     return CapacityPlan(
         model=config.model, model_type=model.model_type, dtype=_dtype_name(itemsize), itemsize=itemsize,
         max_concurrency=c, max_context=config.max_context, chunk_size=config.chunk_size, backend=config.backend,
@@ -374,11 +431,231 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
         compiled_step_bytes=compiled, compiled_step_programs=compiled_step_programs(config),
         compiled_program_bytes=compiled_program_bytes(model),
         backend_pools=backend_pools,
-        backend_pool_bytes=sum(cap.backend_pages(pages, pt) * pb for pt, pb in backend_pools),
+        backend_pool_bytes=backend_bytes,
         state_slots=slots, state_slot_bytes=state_bytes, kv_pages=pages, kv_page_bytes=page_bytes,
         kv_page_range=(lo, hi), kv_limited_by=limited_by, host_arena_bytes=host,
-        pages_per_request=cap.pages_for_tokens(config.max_context))
+        pages_per_request=cap.pages_for_tokens(config.max_context), default_split=share, default_split_pools=at)
+
+
+def with_cache_bytes(plan: CapacityPlan, model: ModelConfig, cache_device_bytes: int,
+                     split: float | None = None, *, max_context_given: bool = True) -> CapacityPlan:
+    """`ninfer plan --cache_device_bytes=N [--split=S]`: the plan with N split between the pools
+    as `ninfer trace` would, and the default split for N. The plan's `max_context` is kept when
+    `max_context_given` (Main KV then stops at its CFG-6 upper bound), else it is the base that
+    the pool raises (`split_cache_bytes`). ConfigError naming the flag when N cannot be split."""
+    given = plan.max_context if max_context_given else None
+    kw = dict(max_context=given, fallback_max_context=plan.max_context, backend_pools=plan.backend_pools)
+    share = default_split(model, plan.itemsize, plan.max_context, plan.max_concurrency, cache_device_bytes)
+    try:
+        at = split_cache_bytes(model, plan.itemsize, cache_device_bytes, plan.max_concurrency, split=share,
+                               split_source="default rule", **kw)
+    except ConfigError:
+        if split is None:
+            raise
+        at = None  # the default cannot split N; the split asked for may
+    cache = at if split is None else split_cache_bytes(model, plan.itemsize, cache_device_bytes,
+                                                       plan.max_concurrency, split=split, **kw)
+    return dataclasses.replace(plan, default_split=share, default_split_pools=at, cache=cache)
 
 
 def _dtype_name(itemsize: int) -> str:
     return {2: "bfloat16", 4: "float32"}.get(itemsize, f"{itemsize}-byte")
+
+
+# ---- one cache byte budget shared by the pools (ninfer trace --cache_device_bytes) -----------------
+DEFAULT_SPLIT_CONTEXT_SHARE = 4  # the default split: one StateImage per max_context / 4 of Main KV
+DEFAULT_SPLIT_RULE = ("one StateImage per max_context/4 of Main KV, 2C slots at least and one max_context of "
+                      "Main KV kept where the bytes allow (the StateImage share ninfer trace --cache_device_bytes "
+                      "uses without --split)")
+MAX_EXTRA_STATE_SLOTS = 4096  # CFG-4: ContextCacheConfig.device_state_slots' bound, beyond the C basic
+
+
+def default_split(model: ModelConfig, itemsize: int, max_context: int, max_concurrency: int,
+                  cache_device_bytes: int | None = None) -> float:
+    """The StateImage share of a cache byte budget when none is given (module doc): one
+    StateImage per quarter `max_context` of Main KV, s / (s + ceil(max_context/4/64) × page
+    bytes). With `cache_device_bytes` N known, bounded so that Main KV keeps one `max_context`
+    (max(C, ceil(max_context/64)) pages, CFG-6): raised to the CFG-4 default of 2C slots only as
+    far as that allows, lowered to it where needed, and C slots exactly when even those leave
+    less (the replay then needs --skip_too_long). A budget too small for C slots and C pages is
+    refused by `split_cache_bytes`, not here."""
+    slot = model.state_image_bytes(itemsize)
+    page = max(model.kv_bytes_per_token(itemsize) * cap.PAGE_TOKENS, 1)
+    quarter = cap.pages_for_tokens(cap.ceil_div(max_context, DEFAULT_SPLIT_CONTEXT_SHARE))
+    share = slot / (slot + quarter * page) if slot else 0.0
+    if cache_device_bytes:
+        n, c = cache_device_bytes, max_concurrency
+        basic, default_slots = c * slot / n, 2 * c * slot / n  # C basic slots; CFG-4's default 2C
+        one_context = 1 - max(c, cap.pages_for_tokens(max_context)) * page / n  # leaves one max_context
+        share = min(max(share, min(default_slots, one_context)), one_context) if one_context >= basic else basic
+    return max(min(share, 0.99), 1e-6)
+
+
+def check_split(split: float, flag: str = "split") -> float:
+    """S must be a number strictly between 0 and 1 (ConfigError naming `flag`)."""
+    if isinstance(split, bool) or not isinstance(split, (int, float)) or not 0 < split < 1:
+        raise ConfigError(flag, f"the StateImage share of --cache_device_bytes must be a number in (0, 1), got "
+                                f"{split!r}")
+    return float(split)
+
+
+def check_cache_device_bytes(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError("cache_device_bytes", f"must be a positive number of bytes, got {n!r}")
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSplit:
+    """N cache bytes split between StateImage slots and Main KV (with its backend pools), and
+    the `max_context` that goes with the pool (CFG-6)."""
+
+    cache_device_bytes: int  # N
+    split: float  # S, the StateImage share asked for
+    split_source: str  # "--split" | "default rule" | "--split_sweep"
+    max_concurrency: int
+    state_slots: int
+    state_slot_bytes: int
+    kv_pages: int
+    kv_page_bytes: int
+    backend_pools: tuple[tuple[int, int], ...]
+    backend_pool_bytes: int
+    max_context: int
+    max_context_source: str  # how max_context was chosen (docs/trace.md)
+    longest_request: int | None  # tokens (prompt + output) of the longest request, where known
+    limited_by: str  # what sized Main KV: "cache bytes" | "CFG-6 upper bound"
+
+    @property
+    def state_bytes(self) -> int:
+        return self.state_slots * self.state_slot_bytes
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.kv_pages * self.kv_page_bytes
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_pages * cap.PAGE_TOKENS
+
+    @property
+    def used_bytes(self) -> int:
+        return self.state_bytes + self.kv_bytes + self.backend_pool_bytes
+
+    @property
+    def unused_bytes(self) -> int:
+        return self.cache_device_bytes - self.used_bytes
+
+    def capacity(self, host_capacity_bytes: int) -> Capacity:
+        return Capacity(kv_pages=self.kv_pages, state_slots=self.state_slots,
+                        host_capacity_bytes=host_capacity_bytes,
+                        pages_per_request=cap.pages_for_tokens(self.max_context))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cache_device_bytes": self.cache_device_bytes, "split": self.split,
+                "split_source": self.split_source, "state_share": round(self.state_bytes / self.cache_device_bytes, 6),
+                "state_slots": self.state_slots, "state_slot_bytes": self.state_slot_bytes,
+                "state_bytes": self.state_bytes, "basic_slots": self.max_concurrency,
+                "kv_pages": self.kv_pages, "kv_page_bytes": self.kv_page_bytes, "kv_bytes": self.kv_bytes,
+                "kv_tokens": self.kv_tokens, "kv_limited_by": self.limited_by,
+                "backend_pool_bytes": self.backend_pool_bytes, "unused_bytes": self.unused_bytes,
+                "max_context": self.max_context, "max_context_source": self.max_context_source,
+                "longest_request": self.longest_request}
+
+    def text(self) -> str:
+        """One line: `S=0.25 (--split): 16 StateImages × 73.69 MiB + 2,048 pages × 1.50 MiB ...`."""
+        return (f"S={self.split:.4g} ({self.split_source}) of {size(self.cache_device_bytes)}: "
+                f"{self.state_slots:,} StateImage slots × {size(self.state_slot_bytes)} = {size(self.state_bytes)} "
+                f"({self.max_concurrency} basic), {self.kv_pages:,} Main KV pages × {size(self.kv_page_bytes)} = "
+                f"{size(self.kv_bytes)} ({self.kv_tokens:,} tokens), backend {size(self.backend_pool_bytes)}, "
+                f"unused {size(self.unused_bytes)}; max_context {self.max_context:,} ({self.max_context_source})")
+
+
+def _kv_fit(room: int, page_bytes: int, backend_pools: tuple[tuple[int, int], ...]) -> int:
+    """The largest Main KV page count whose pages and backend pools fit `room` bytes."""
+    def need(p: int) -> int:
+        return p * page_bytes + sum(cap.backend_pages(p, pt) * pb for pt, pb in backend_pools)
+
+    lo, hi = 0, max(0, room) // page_bytes
+    while lo < hi:  # need() is monotone in p
+        mid = (lo + hi + 1) // 2
+        if need(mid) <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def split_cache_bytes(model: ModelConfig, itemsize: int, cache_device_bytes: int, max_concurrency: int, *,
+                      split: float | None = None, split_source: str | None = None, max_context: int | None = None,
+                      longest_request: int | None = None, fallback_max_context: int = 2048,
+                      skip_too_long: bool = False,
+                      backend_pools: tuple[tuple[int, int], ...] = ()) -> CacheSplit:
+    """Split `cache_device_bytes` between the pools at StateImage share `split` (None: the
+    default rule) and choose `max_context` (docs/trace.md, "The cache byte budget"):
+
+    - `max_context` given (--max_context): kept; Main KV is capped at its CFG-6 upper bound
+      C × ceil(max_context/64) (the rest of N stays unused);
+    - else the longest request (`longest_request`, else `fallback_max_context`), raised to
+      64 × ceil(pages / C) when the pool is larger than C such contexts (CFG-6 upper bound).
+    Main KV below one `max_context` (CFG-6 lower bound) is a ConfigError naming the flags, or
+    with `skip_too_long` bounds `max_context` to the pool's pages × 64 tokens (the requests
+    beyond it are reported, not replayed). ConfigErrors name --split or --cache_device_bytes
+    for a budget that cannot hold C basic StateImage slots and C pages."""
+    n = check_cache_device_bytes(cache_device_bytes)
+    c = cap.check_concurrency(max_concurrency)
+    slot = model.state_image_bytes(itemsize)
+    page = max(model.kv_bytes_per_token(itemsize) * cap.PAGE_TOKENS, 1)
+    base = max_context if max_context is not None else longest_request or fallback_max_context
+    if split is None:
+        split, split_source = default_split(model, itemsize, base, c, n), split_source or "default rule"
+    split = check_split(split)
+    minimum = c * slot + c * page  # C basic StateImages (CFG-4) and C pages (CFG-6)
+    if n < minimum:
+        raise ConfigError("cache_device_bytes", (
+            f"{n:,} B ({size(n)}) cannot hold the C = {c} basic StateImage slots of {slot:,} B (CFG-4) and "
+            f"{c} Main KV pages of {page:,} B (CFG-6): at least {minimum:,} B ({size(minimum)})"))
+    slots = min(int(split * n / slot + 1e-9) if slot else c + MAX_EXTRA_STATE_SLOTS, c + MAX_EXTRA_STATE_SLOTS)
+    if slots < c:
+        raise ConfigError("split", (
+            f"S = {split:g} gives the StateImages {int(split * n):,} B of {n:,} B: {slots} slots of {size(slot)}, "
+            f"fewer than the C = {c} basic ones (CFG-4); S must be at least {c * slot / n:.4g} here"))
+    pages = _kv_fit(n - slots * slot, page, backend_pools)
+    if pages < c:
+        raise ConfigError("split", (
+            f"S = {split:g} leaves Main KV {n - slots * slot:,} B: {pages} pages of {size(page)}, fewer than "
+            f"C = {c} (CFG-6); S must be at most {1 - c * page / n:.4g} here"))
+    limited_by = "cache bytes"
+    if max_context is not None:
+        mc, how = max_context, "--max_context"
+        hi = c * cap.pages_for_tokens(mc)
+        if pages > hi:
+            pages, limited_by = hi, "CFG-6 upper bound"
+    else:
+        mc = base
+        how = "the trace's longest request" if longest_request else "max_context's default"
+        raised = cap.PAGE_TOKENS * cap.ceil_div(pages, c)
+        if raised > mc and pages >= cap.pages_for_tokens(mc):
+            mc, how = raised, (f"{how} ({base:,}), raised so that C × ceil(max_context/64) ≥ {pages:,} pages "
+                               f"(CFG-6 upper bound)")
+        else:
+            how = f"{how} ({base:,})"
+    if pages < cap.pages_for_tokens(mc):
+        held = pages * cap.PAGE_TOKENS
+        if not skip_too_long:
+            what = (f"the longest request ({longest_request:,} tokens)" if max_context is None and longest_request
+                    else f"max_context = {mc:,}")
+            need = cap.pages_for_tokens(mc)
+            most = 1 - need * page / n  # the largest share that leaves `need` pages
+            least = c * slot + need * page
+            fix = (f"a --split of at most {most:.4g}" if most >= c * slot / n else
+                   f"at least {least:,} B ({size(least)}: C slots and {need:,} pages)")
+            raise ConfigError("cache_device_bytes", (
+                f"at S = {split:g}, {size(n)} leaves Main KV {pages:,} pages = {held:,} tokens, below {what}: "
+                f"CFG-6 needs ceil(max_context/64) = {need:,} pages; give {fix}, or --skip_too_long to replay the "
+                f"requests that fit and report the rest"))
+        mc, how = held, f"bounded by the pool's {pages:,} pages (--skip_too_long)"
+    backend = sum(cap.backend_pages(pages, pt) * pb for pt, pb in backend_pools)
+    return CacheSplit(cache_device_bytes=n, split=split, split_source=split_source or "--split", max_concurrency=c,
+                      state_slots=slots, state_slot_bytes=slot, kv_pages=pages, kv_page_bytes=page,
+                      backend_pools=backend_pools, backend_pool_bytes=backend, max_context=mc,
+                      max_context_source=how, longest_request=longest_request, limited_by=limited_by)

@@ -267,6 +267,22 @@ def assistant_message(tokenizer, token_ids: Sequence[int]) -> dict:
         return {"role": "assistant", "content": text}
 
 
+# ---- request sizes ------------------------------------------------------------------------------
+def request_tokens(req: TraceRequest, forced: Sequence[int] = (), default_max_tokens: int = 32) -> int:
+    """Tokens a token-level request needs in one context: its prompt and the output it is
+    replayed with (the forced output, else its output length, else `default_max_tokens`)."""
+    return len(req.prompt_ids or ()) + (len(forced) if forced else req.max_tokens or default_max_tokens)
+
+
+def longest_request(trace: Trace, default_max_tokens: int = 32) -> tuple[int, int] | None:
+    """(tokens, index) of the token-level trace's longest request; None for a chat-level trace,
+    whose prompts are known only once rendered during the replay."""
+    if trace.format == "chat":
+        return None
+    outs = trace.output_tokens or ((),) * len(trace.requests)
+    return max((request_tokens(r, o, default_max_tokens), r.index) for r, o in zip(trace.requests, outs))
+
+
 # ---- the replay ---------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Outcome:
@@ -280,6 +296,7 @@ class Outcome:
     error: str | None = None
     completion_s: float | None = None  # issue → finish (OBS-4)
     max_gap_s: float | None = None  # largest gap between consecutive output tokens (OBS-3); None below 2 tokens
+    too_long_tokens: int | None = None  # --skip_too_long: the tokens it needs (finish_reason "too_long")
 
 
 @dataclasses.dataclass
@@ -307,10 +324,17 @@ class Replayer:
     """Drives a manually stepped engine (`Engine(start=False)`) through a trace."""
 
     def __init__(self, engine, trace: Trace, *, concurrency: int, temperature: float = 0.0, seed: int = 0,
-                 default_max_tokens: int = 32, progress: str | None = None):
+                 default_max_tokens: int = 32, progress: str | None = None, skip_too_long: bool = False,
+                 max_context: int | None = None):
+        """`skip_too_long`: a request that cannot fit `max_context` (token-level: prompt + output
+        tokens beyond it; chat-level: a rendered prompt the frontend refuses as too long) is not
+        replayed and ends as an Outcome with finish_reason "too_long"; its session goes on."""
         self.engine, self.trace, self.concurrency = engine, trace, max(1, concurrency)
         self.temperature, self.seed, self.default_max_tokens = temperature, seed, default_max_tokens
         self.progress = progress
+        self.skip_too_long = skip_too_long
+        config = getattr(engine, "config", None)
+        self.max_context = max_context or getattr(config, "max_context", None)
         program = engine.program  # the Program's clock: modelled seconds on SimProgram, wall seconds otherwise
         self.clock = getattr(program, "clock", None) or time.perf_counter
         self.clock_kind = "modelled" if hasattr(program, "sim_seconds") else "wall"
@@ -349,6 +373,14 @@ class Replayer:
                                        cache_markers=None if req.cache_markers is None else list(req.cache_markers),
                                        sampling=self._sampling(req), request_id=rid)
 
+    def _too_long(self, req: TraceRequest) -> int | None:
+        """The tokens a token-level request needs when they exceed max_context (with
+        skip_too_long), else None."""
+        if not self.skip_too_long or req.prompt_ids is None or self.max_context is None:
+            return None
+        need = request_tokens(req, self.forced.get(req.index, ()), self.default_max_tokens)
+        return need if need > self.max_context else None
+
     def _ready(self) -> list[TraceRequest]:
         heads = [q[0] for s, q in self.queues.items() if q and s not in self.busy]
         return sorted(heads, key=lambda r: (r.ts, r.index))
@@ -378,10 +410,10 @@ class Replayer:
                 self.history[req.session].append(assistant_message(self.engine.tokenizer, out.output_ids))
 
     def run(self) -> RunResult:
+        from ninfer_jax.engine.observe import occupancy
         from ninfer_jax.errors import NInferError
         from ninfer_jax.frontend import FrontendError
-
-        from ninfer_jax.engine.observe import occupancy
+        from ninfer_jax.frontend.errors import InputTooLongError
 
         start = time.perf_counter()
         total = len(self.trace.requests)
@@ -405,8 +437,21 @@ class Replayer:
                 self.queues[req.session].pop(0)
                 self.busy.add(req.session)
                 t = self.clock()
+                need = self._too_long(req)
+                if need is not None:  # --skip_too_long: reported, not replayed; the session goes on
+                    out = Outcome(req.index, req.session, finish_reason="too_long", too_long_tokens=need,
+                                  error=f"needs {need} tokens, max_context is {self.max_context}")
+                    outcomes.append(out)
+                    self._after(req, out)
+                    continue
                 try:
                     flights.append(_Flight(req, self._submit(req), t))
+                except InputTooLongError as e:
+                    out = Outcome(req.index, req.session, error=f"{type(e).__name__}: {e}")
+                    if self.skip_too_long:  # a rendered chat prompt beyond max_context - 1
+                        out.finish_reason, out.too_long_tokens = "too_long", e.length
+                    outcomes.append(out)
+                    self._after(req, out)
                 except (NInferError, FrontendError) as e:  # refused at the boundary: counted, the session goes on
                     out = Outcome(req.index, req.session, error=f"{type(e).__name__}: {e}")
                     outcomes.append(out)
@@ -438,17 +483,22 @@ class Replayer:
 
 
 # ---- engines and the two runs ---------------------------------------------------------------------
-def make_engine(config, program: str, share=None, cost: str | None = None):
+def make_engine(config, program: str, share=None, cost: str | None = None, capacity=None):
     """A manually stepped engine on the real model or the cost-model Program. `share`: a real
     model Program whose loaded model and compiled steps the new engine reuses (loaded and
-    compiled once for both runs); its pools, stores, ledger and cache are its own."""
+    compiled once for both runs); its pools, stores, ledger and cache are its own. `capacity`:
+    the cost-model Program's pool sizes instead of the device solve (--cache_device_bytes)."""
     from ninfer_jax import Engine
 
     if program == "sim":
         from ninfer_jax.sim import SimProgram
 
         config = dataclasses.replace(config, progress=False)
-        return Engine(config, program=SimProgram.for_model(config, cost), start=False)
+        return Engine(config, program=SimProgram.for_model(config, cost, capacity=capacity), start=False)
+    if capacity is not None:
+        from ninfer_jax.errors import ConfigError
+
+        raise ConfigError("cache_device_bytes", "sizes the cost-model Program's pools: it needs --program=sim")
     if cost is not None:
         from ninfer_jax.errors import ConfigError
 
@@ -479,20 +529,35 @@ class _Shared:
 
 
 def replay_once(config, program: str, trace: Trace, label: str, share: _Shared | None = None,
-                cost: str | None = None, **kw) -> tuple[RunResult, _Shared | None]:
+                cost: str | None = None, capacity=None, **kw) -> tuple[RunResult, _Shared | None]:
     """One run on a fresh engine; returns its result and, on the real model, what the next run
     can reuse."""
-    engine = make_engine(config, program, share, cost)
+    engine = make_engine(config, program, share, cost, capacity)
     try:
         check_vocab(trace, engine.program.vocab_size, config.model)
         result = Replayer(engine, trace, concurrency=kw.pop("concurrency", None) or config.max_concurrency,
-                          progress=label, **kw).run()
+                          progress=label, max_context=config.max_context, **kw).run()
         sim_cost = getattr(engine.program, "cost", None)
         if hasattr(sim_cost, "as_dict"):  # the cost-model Program: what it priced the run with
             result.stats["sim_cost"] = dict(sim_cost.as_dict(), source=engine.program.cost_source)
+        result.stats["pools"] = pool_sizes(engine.program)
         return result, (_Shared(engine.program) if program == "model" else None)
     finally:
         engine.close()
+
+
+def pool_sizes(program) -> dict:
+    """Each Device pool's units, unit bytes and bytes as the ledger sees them, and the Host
+    arena's bytes (on `sim` with the built-in model every unit is one byte)."""
+    state = getattr(program, "state", None)
+    if state is None:
+        return {}
+    out: dict = {}
+    for pid, pool in state.pools.items():
+        spec = pool.spec
+        out[pid] = {"units": spec.capacity, "unit_bytes": spec.unit_bytes, "bytes": spec.capacity * spec.unit_bytes}
+    out["host_arena_bytes"] = state.arena.capacity
+    return out
 
 
 # ---- figures ------------------------------------------------------------------------------------
@@ -542,8 +607,18 @@ def _ratio(a, b):
     return round(a / b, 3) if a is not None and b else None
 
 
-def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: str, cold_disabled: bool) -> dict:
+def too_long(outcomes: Sequence[Outcome], trace: Trace | None) -> list[dict]:
+    """The requests --skip_too_long left out: index, session, turn and the tokens each needs."""
+    turns = {r.index: r.turn for r in trace.requests} if trace is not None else {}
+    return [{"index": o.index, "session": o.session, "turn": turns.get(o.index), "tokens": o.too_long_tokens}
+            for o in sorted(outcomes, key=lambda o: o.index) if o.finish_reason == "too_long"]
+
+
+def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: str, cold_disabled: bool,
+            max_context: int | None = None, budget=None) -> dict:
+    """`budget`: the `ninfer_jax.plan.CacheSplit` the pools were sized by (--cache_device_bytes)."""
     ok = [o for o in hot.outcomes if o.prompt_ids]
+    skipped = too_long(hot.outcomes, trace)
     prompt = sum(len(o.prompt_ids) for o in ok)
     cached = sum(o.cached_tokens for o in ok)
     bound = offline_upper_bound(hot.outcomes)
@@ -551,6 +626,10 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
     fig = {
         "program": program, "clock": hot.clock, "format": trace.format, "sessions": trace.sessions,
         "requests": len(trace.requests), "requests_failed": sum(o.finish_reason == "error" for o in hot.outcomes),
+        "requests_too_long": len(skipped), "too_long_requests": skipped,
+        **({"max_context": max_context} if max_context is not None else {}),
+        **({"split": budget.split, "cache_budget": budget.as_dict()} if budget is not None else {}),
+        **({"pools": s["pools"]} if s.get("pools") else {}),
         "forced_outputs": sum(1 for o in trace.output_tokens if o),
         "branch_points": s.get("branch_points", 0),
         "cycles": s.get("cycles", 0),
@@ -594,16 +673,211 @@ def outputs_differing(a: RunResult, b: RunResult) -> int:
     return sum(xa.get(i) != xb.get(i) for i in set(xa) | set(xb))
 
 
-def run_trace(path: str, config, *, program: str = "model", fmt: str = "auto", cold: bool = True,
-              limit: int | None = None, report: str | None = None, **kw) -> dict:
-    """Load, replay cached (and cold), and return the figures; `report`: a folder for the
-    figures as JSON, PNG plots and a summary (bench/trace_report.py)."""
-    trace = load_trace(path, fmt)
+# ---- one cache byte budget and its split (--cache_device_bytes, --split, --split_sweep) ------------
+SWEEP_DECIDES = "cached_tokens"  # the figure that picks best_split (docs/trace.md)
+
+
+def parse_split_sweep(value) -> tuple[float | None, ...]:
+    """--split_sweep: comma-separated StateImage shares in (0, 1), or `default` for the default
+    rule's; ConfigError naming the flag for anything else (empty, repeated, out of range)."""
+    from ninfer_jax.errors import ConfigError
+    from ninfer_jax.plan import check_split
+
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: list[float | None] = []
+    for item in items:
+        if isinstance(item, str):
+            item = item.strip()
+            if item == "default":
+                item = None
+            else:
+                try:
+                    item = float(item)
+                except ValueError:
+                    raise ConfigError("split_sweep", f"expected comma-separated shares in (0, 1) or 'default', got "
+                                                     f"{value!r}") from None
+        if item is not None:
+            item = check_split(item, "split_sweep")
+        if item in out:
+            raise ConfigError("split_sweep", f"{'default' if item is None else item} appears twice in {value!r}")
+        out.append(item)
+    if not out:
+        raise ConfigError("split_sweep", "give at least one share, e.g. --split_sweep=0.1,0.25,0.5")
+    return tuple(out)
+
+
+def check_cache_flags(program: str, config, *, cache_device_bytes: int | None = None, split: float | None = None,
+                      split_sweep=None) -> tuple[float | None, ...] | None:
+    """The cache byte budget flags, checked before anything is loaded or replayed: ConfigError
+    naming the flag. Returns the sweep's shares (None: no sweep)."""
+    from ninfer_jax.errors import ConfigError
+    from ninfer_jax.plan import check_cache_device_bytes, check_split
+
+    sweep = None
+    if split is not None and cache_device_bytes is None:
+        raise ConfigError("split", "is the StateImage share of --cache_device_bytes: give --cache_device_bytes=N too")
+    if split_sweep is not None:
+        if cache_device_bytes is None:
+            raise ConfigError("split_sweep", "replays one --cache_device_bytes budget at several splits: give "
+                                             "--cache_device_bytes=N too")
+        if split is not None:
+            raise ConfigError("split_sweep", "give --split or --split_sweep, not both")
+        sweep = parse_split_sweep(split_sweep)
+    if cache_device_bytes is None:
+        return None
+    check_cache_device_bytes(cache_device_bytes)
+    if program != "sim":
+        raise ConfigError("cache_device_bytes", "sizes the cost-model Program's pools: it needs --program=sim (the "
+                                                "real Program solves its pools from the device's memory)")
+    if split is not None:
+        check_split(split)
+    for name, value in (("kv_capacity", config.kv_capacity),
+                        ("device_state_slots", config.context_cache.device_state_slots),
+                        ("device_memory_bytes", config.device_memory_bytes)):
+        if value is not None:
+            raise ConfigError(name, "is decided by --cache_device_bytes and its split (the device solve is "
+                                    f"bypassed): leave --{name} unset")
+    return sweep
+
+
+def cache_budgets(trace: Trace, config, *, cache_device_bytes: int, split: float | None = None,
+                  split_sweep=None, skip_too_long: bool = False, max_context: int | None = None,
+                  default_max_tokens: int = 32) -> list:
+    """The `ninfer_jax.plan.CacheSplit` of each split to replay (one without a sweep), sized on
+    the cost-model Program's geometry; max_context from `max_context` or the trace's longest
+    request (plan.split_cache_bytes). ConfigError naming the flag when one cannot be split."""
+    from ninfer_jax.plan import split_cache_bytes
+    from ninfer_jax.sim import SimProgram
+
+    sweep = parse_split_sweep(split_sweep) if split_sweep is not None else None
+    model, itemsize = SimProgram.geometry(config)
+    longest = longest_request(trace, default_max_tokens)
+    source = "--split_sweep" if sweep else None
+    return [split_cache_bytes(model, itemsize, cache_device_bytes, config.max_concurrency, split=s,
+                              split_source=source if s is not None else "default rule", max_context=max_context,
+                              longest_request=longest[0] if longest else None,
+                              fallback_max_context=config.max_context, skip_too_long=skip_too_long)
+            for s in (sweep or (split,))]
+
+
+def _host_bytes(config) -> int:
+    """The Host arena the device solve would give (CFG-5): the flag, or the default for the geometry."""
+    from ledger import capacity as cap
+    from ninfer_jax.sim import SimProgram
+
+    host = config.context_cache.host_capacity_bytes
+    if host is None:
+        model, itemsize = SimProgram.geometry(config)
+        host = cap.default_host_capacity_bytes(model.state_image_bytes(itemsize))
+    return host
+
+
+def best_of_sweep(results: Sequence[dict]) -> dict:
+    """The split with the most prompt tokens served from the cache; ties: fewer requests too
+    long, then the lower mean TTFT, then the smaller split."""
+    def key(f):
+        ttft = f.get("ttft_mean_s")
+        return (f[SWEEP_DECIDES], -f.get("requests_too_long", 0), -(ttft if ttft is not None else float("inf")),
+                -f["split"])
+
+    return max(results, key=key)
+
+
+def sweep_figures(results: Sequence[dict], cache_device_bytes: int) -> dict:
+    best = best_of_sweep(results)
+    first = results[0]
+    common = {k: first[k] for k in ("program", "clock", "format", "sessions", "requests") if k in first}
+    return dict(common, cache_device_bytes=cache_device_bytes, sweep=list(results), best_split=best["split"],
+                best_by=SWEEP_DECIDES)
+
+
+SWEEP_COLUMNS = ("split", "state_slots", "kv_pages", "max_context", "requests_too_long", "cached_tokens", "reuse_pct",
+                 "reuse_of_upper_bound_pct", "ttft_mean_s", "ttft_mean_cached_over_cold", "h2d_bytes", "pauses")
+
+
+def sweep_rows(sweep: dict) -> list[dict]:
+    """One row per split of the sweep's headline figures (SWEEP_COLUMNS)."""
+    rows = []
+    for f in sweep["sweep"]:
+        b = f.get("cache_budget", {})
+        row = dict(f, state_slots=b.get("state_slots"), kv_pages=b.get("kv_pages"))
+        rows.append({k: row.get(k) for k in SWEEP_COLUMNS})
+    return rows
+
+
+def sweep_text(sweep: dict) -> str:
+    """The sweep as an aligned table and the best split (`ninfer trace --split_sweep` without --json)."""
+    rows = sweep_rows(sweep)
+
+    def cell(v):
+        return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+
+    table = [list(SWEEP_COLUMNS)] + [[cell(r[k]) for k in SWEEP_COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(SWEEP_COLUMNS))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in table]
+    lines.append(f"best_split {sweep['best_split']:.4g} (by {sweep['best_by']}) of cache_device_bytes "
+                 f"{sweep['cache_device_bytes']:,}; --json gives every figure of every split")
+    return "\n".join(lines)
+
+
+def run_trace(path, config, *, program: str = "model", fmt: str = "auto", cold: bool = True,
+              limit: int | None = None, report: str | None = None, cache_device_bytes: int | None = None,
+              split: float | None = None, split_sweep=None, skip_too_long: bool = False,
+              max_context: int | None = None, name: str | None = None, **kw) -> dict:
+    """Load (`path`: a file, or a parsed Trace), replay cached (and cold), and return the
+    figures; `report`: a folder for the figures as JSON, PNG plots and a summary
+    (bench/trace_report.py).
+
+    `cache_device_bytes` (sim only): the pools get these bytes instead of the device solve,
+    StateImage share `split` (None: the default rule), `max_context` (None: the trace's longest
+    request, raised for CFG-6); `split_sweep`: replay at each of these shares and return
+    `{"sweep": [...], "best_split": ...}`. `skip_too_long`: requests that cannot fit
+    max_context are reported (`requests_too_long`) instead of replayed."""
+    sweep = check_cache_flags(program, config, cache_device_bytes=cache_device_bytes, split=split,
+                              split_sweep=split_sweep)
+    trace = path if isinstance(path, Trace) else load_trace(path, fmt)
+    name = name or (path if isinstance(path, str) else "trace")
     if limit:
         trace = dataclasses.replace(trace, requests=trace.requests[:limit], output_tokens=trace.output_tokens[:limit])
-    print(f"[trace] {path}: {trace.format}, {trace.sessions} sessions, {len(trace.requests)} requests, "
+    budgets = [None]
+    if cache_device_bytes is not None:
+        budgets = cache_budgets(trace, config, cache_device_bytes=cache_device_bytes, split=split, split_sweep=sweep,
+                                skip_too_long=skip_too_long, max_context=max_context,
+                                default_max_tokens=kw.get("default_max_tokens", 32))
+    print(f"[trace] {name}: {trace.format}, {trace.sessions} sessions, {len(trace.requests)} requests, "
           f"program={program}", file=sys.stderr)
-    hot, shared = replay_once(config, program, trace, "cached run", **dict(kw))
+    results = []
+    for budget in budgets:
+        prefix = f"split {budget.split:.4g}: " if sweep else ""
+        if budget is not None:
+            print(f"[trace] {prefix or 'cache: '}{budget.text()}", file=sys.stderr)
+        folder = report
+        if report and sweep:
+            import os
+
+            folder = os.path.join(report, f"split_{budget.split:.4g}")
+        results.append(_run_budget(trace, config, budget, program=program, cold=cold, prefix=prefix,
+                                   report=folder, skip_too_long=skip_too_long, **kw))
+    if not sweep:
+        return results[0]
+    out = sweep_figures(results, cache_device_bytes)
+    if report:
+        from ninfer_jax.bench.trace_report import write_sweep_report
+
+        written = write_sweep_report(report, out)
+        print(f"[trace] sweep report: {len(written)} files in {report} (summary.md)", file=sys.stderr)
+    return out
+
+
+def _run_budget(trace: Trace, config, budget, *, program: str, cold: bool, prefix: str, report: str | None,
+                skip_too_long: bool, **kw) -> dict:
+    """The cached (and cold) run at one pool sizing (`budget`: a CacheSplit, or None for the
+    device solve) and its figures; the report written when asked."""
+    extra = dict(kw, skip_too_long=skip_too_long)
+    if budget is not None:
+        config = dataclasses.replace(config, max_context=budget.max_context)
+        extra["capacity"] = budget.capacity(_host_bytes(config))
+    hot, shared = replay_once(config, program, trace, f"{prefix}cached run", **dict(extra))
     cold_run, disabled = None, False
     if cold:
         cfg = cold_config(config)
@@ -612,8 +886,9 @@ def run_trace(path: str, config, *, program: str = "model", fmt: str = "auto", c
             print("[trace] this build cannot disable the cache: the cold run uses the same config", file=sys.stderr)
         # The cold run: a fresh Program (empty pools, cache off) on the model and compiled steps
         # the cached run loaded, so the model is loaded and compiled once.
-        cold_run, _ = replay_once(cfg or config, program, trace, "cold run", share=shared, **dict(kw))
-    out = figures(hot.trace, hot, cold_run, program=program, cold_disabled=disabled)
+        cold_run, _ = replay_once(cfg or config, program, trace, f"{prefix}cold run", share=shared, **dict(extra))
+    out = figures(hot.trace, hot, cold_run, program=program, cold_disabled=disabled, max_context=config.max_context,
+                  budget=budget)
     if report:
         from ninfer_jax.bench.trace_report import write_report
 

@@ -6,7 +6,11 @@ Plots (matplotlib, the Agg backend: no display needed):
 * `occupancy.png`: Main KV pages, StateImage slots and Host arena bytes by kind over the run
   (sampled every few engine cycles on the run's clock);
 * `pauses.png`: pauses and resumes so far, over the run.
-`summary.md` links them with the headline figures; `figures.json` holds every figure.
+`summary.md` links them with the headline figures, the pools' sizes in bytes (Main KV pages,
+StateImage slots, Host arena; with --cache_device_bytes the byte budget, the split used and the
+`max_context` it gave) and the requests left out as too long (--skip_too_long);
+`figures.json` holds every figure. A split sweep (`write_sweep_report`) writes one such report
+per split in `split_<S>/`, and `sweep.json` and a `summary.md` comparing them.
 """
 from __future__ import annotations
 
@@ -155,12 +159,90 @@ def write_report(folder: str, figures: dict, hot, cold) -> list[str]:
     ]
     for key in ("prompt_tokens", "cached_tokens", "reuse_pct", "upper_bound_pct", "reuse_of_upper_bound_pct",
                 "ttft_p50_s", "ttft_p99_s", "cold_ttft_p50_s", "cold_ttft_p99_s", "ttft_mean_cached_over_cold",
-                "prefill_tokens", "replay_tokens", "h2d_bytes", "d2h_bytes", "forced_outputs", "outputs_identical"):
+                "prefill_tokens", "replay_tokens", "h2d_bytes", "d2h_bytes", "forced_outputs", "outputs_identical",
+                "max_context", "requests_too_long"):
         if key in figures:
             lines.append(f"| {key} | {figures[key]} |")
+    lines += capacity_lines(figures)
+    lines += too_long_lines(figures)
     lines += ["", "![TTFT](ttft_cdf.png)", "", "![Reuse by turn](reuse_by_turn.png)", "",
               "![Occupancy](occupancy.png)", "", "![Pauses](pauses.png)", "",
               "Every figure: [figures.json](figures.json).", ""]
     with open(path("summary.md"), "w") as f:
+        f.write("\n".join(lines))
+    return written
+
+
+def _bytes(n) -> str:
+    from ninfer_jax.plan import size
+
+    return f"{n:,} B ({size(n)})" if isinstance(n, int) else "-"
+
+
+def capacity_lines(figures: dict) -> list[str]:
+    """The pools in bytes, and the cache byte budget and its split where one sized them."""
+    pools = figures.get("pools") or {}
+    lines = []
+    if pools:
+        lines += ["", "## Pools", "", "| pool | units | bytes each | bytes |", "|---|---|---|---|"]
+        for pid, label in (("main_kv", "Main KV pages"), ("state_slots", "StateImage slots")):
+            p = pools.get(pid)
+            if p:
+                lines.append(f"| {label} | {p['units']:,} | {_bytes(p['unit_bytes'])} | {_bytes(p['bytes'])} |")
+        if "host_arena_bytes" in pools:
+            lines.append(f"| Host arena | | | {_bytes(pools['host_arena_bytes'])} |")
+    b = figures.get("cache_budget")
+    if b:
+        lines += ["", "## Cache byte budget", "",
+                  f"{_bytes(b['cache_device_bytes'])} shared by the pools (--cache_device_bytes), split "
+                  f"S = {b['split']:.4g} ({b['split_source']}): the StateImages hold {b['state_share']:.2%} of it.", "",
+                  "| part | count | bytes each | bytes |", "|---|---|---|---|",
+                  f"| StateImage slots ({b['basic_slots']} basic) | {b['state_slots']:,} | "
+                  f"{_bytes(b['state_slot_bytes'])} | {_bytes(b['state_bytes'])} |",
+                  f"| Main KV pages ({b['kv_tokens']:,} tokens; {b['kv_limited_by']}) | {b['kv_pages']:,} | "
+                  f"{_bytes(b['kv_page_bytes'])} | {_bytes(b['kv_bytes'])} |",
+                  f"| backend pools | | | {_bytes(b['backend_pool_bytes'])} |",
+                  f"| unused | | | {_bytes(b['unused_bytes'])} |", "",
+                  f"max_context {b['max_context']:,}: {b['max_context_source']}."]
+    return lines
+
+
+def too_long_lines(figures: dict, most: int = 50) -> list[str]:
+    """The requests --skip_too_long left out, at most `most` of them listed."""
+    rows = figures.get("too_long_requests") or []
+    if not rows:
+        return []
+    lines = ["", f"## Requests too long ({len(rows)}, not replayed)", "",
+             f"Each needs more than max_context = {figures.get('max_context')} tokens (prompt + output).", "",
+             "| request | session | turn | tokens |", "|---|---|---|---|"]
+    lines += [f"| {r['index']} | {r['session']} | {r['turn']} | {r['tokens']} |" for r in rows[:most]]
+    if len(rows) > most:
+        lines.append(f"| … {len(rows) - most} more in figures.json | | | |")
+    return lines
+
+
+def write_sweep_report(folder: str, sweep: dict) -> list[str]:
+    """`sweep.json` (the sweep's figures) and a `summary.md` comparing the splits, beside the
+    per-split reports already written in `split_<S>/`; returns the paths written."""
+    from ninfer_jax.bench.trace import SWEEP_COLUMNS, sweep_rows
+
+    os.makedirs(folder, exist_ok=True)
+    written = [os.path.join(folder, "sweep.json"), os.path.join(folder, "summary.md")]
+    with open(written[0], "w") as f:
+        json.dump(sweep, f, indent=1, sort_keys=True, default=str)
+    lines = ["# Split sweep", "",
+             f"{sweep.get('requests')} requests in {sweep.get('sessions')} sessions ({sweep.get('format')}), program "
+             f"`{sweep.get('program')}`: one cache byte budget of {_bytes(sweep['cache_device_bytes'])} replayed at "
+             f"{len(sweep['sweep'])} StateImage shares. Best split: **{sweep['best_split']:.4g}** (by "
+             f"`{sweep['best_by']}`).", "",
+             "| " + " | ".join(SWEEP_COLUMNS) + " | report |", "|" + "---|" * (len(SWEEP_COLUMNS) + 1)]
+    for row in sweep_rows(sweep):
+        cells = ["-" if row[k] is None else f"{row[k]:.4g}" if isinstance(row[k], float) else str(row[k])
+                 for k in SWEEP_COLUMNS]
+        sub = f"split_{row['split']:.4g}"
+        link = f"[{sub}]({sub}/summary.md)" if os.path.exists(os.path.join(folder, sub, "summary.md")) else "-"
+        lines.append("| " + " | ".join(cells) + f" | {link} |")
+    lines += ["", "Every figure of every split: [sweep.json](sweep.json).", ""]
+    with open(written[1], "w") as f:
         f.write("\n".join(lines))
     return written

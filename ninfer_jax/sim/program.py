@@ -113,18 +113,16 @@ class _LedgerOnlyStores(ProgramStores):
 
 class SimProgram:
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None, cost: CostModel = CostModel(),
-                 *, model_bytes: bool = False):
+                 *, model_bytes: bool = False, capacity: Capacity | None = None):
         """`model_bytes`: the ledger sees the model's real unit sizes (a Main KV page, a
         StateImage, so Host capacity and transfers are in real bytes) and no bytes are stored;
-        by default every unit is one byte and moved for real."""
+        by default every unit is one byte and moved for real. `capacity`: these pool sizes
+        instead of the device solve (a cache byte budget split by `ninfer_jax.plan.split_cache_bytes`)."""
         self.config = config
         cfg = model_config if model_config is not None else builtin.config()
-        # "auto" on the sim's model config: the built-in model is float32; a bf16 checkpoint's own
-        # dtype is read only when the sim is given that checkpoint's config (its folder).
-        self.dtype = config.dtype if config.dtype != "auto" else (
-            config.resolved_dtype if model_config is not None and not config.model.startswith("builtin:") else "float32")
+        self.dtype = self.sim_dtype(config, model_config)
         itemsize = 2 if self.dtype == "bfloat16" else 4
-        self.capacity: Capacity = resolve_capacity(config, cfg, itemsize)
+        self.capacity: Capacity = capacity if capacity is not None else resolve_capacity(config, cfg, itemsize)
         if model_bytes:
             self.stores = _LedgerOnlyStores(
                 [_SizedPool(ledger.MAIN_KV, ledger.KV_PAGES, self.capacity.kv_pages,
@@ -148,14 +146,39 @@ class SimProgram:
         self.compilations = 0
         self.execution_tag = f"sim|{config.model}|{self.dtype}"
 
+    @staticmethod
+    def sim_dtype(config: EngineConfig, model_config: ModelConfig | None = None) -> str:
+        """"auto" on the sim's model config: the built-in model is float32; a bf16 checkpoint's own
+        dtype is read only when the sim is given that checkpoint's config (its folder)."""
+        if config.dtype != "auto":
+            return config.dtype
+        return config.resolved_dtype if model_config is not None and not config.model.startswith("builtin:") \
+            else "float32"
+
     @classmethod
-    def for_model(cls, config: EngineConfig, cost: CostModel | str | None = None) -> "SimProgram":
+    def geometry(cls, config: EngineConfig) -> tuple[ModelConfig, int]:
+        """The model config `for_model` sizes its pools from (the built-in one, or the folder's
+        config.json alone) and the bytes per element it sizes them at."""
+        if config.model.startswith("builtin:"):
+            model = None
+        else:
+            from ninfer_jax.model.config import load_config
+
+            model = load_config(config.model)
+        itemsize = 2 if cls.sim_dtype(config, model) == "bfloat16" else 4
+        return (model if model is not None else builtin.config()), itemsize
+
+    @classmethod
+    def for_model(cls, config: EngineConfig, cost: CostModel | str | None = None,
+                  capacity: Capacity | None = None) -> "SimProgram":
         """The cost-model Program for `config.model`: the built-in model's geometry in one-byte
         units, or any model folder's `config.json` alone (no weights are read) with its real
         unit sizes, vocabulary and eos, and the capacity the real Program would resolve
         (`device_memory_bytes` standing for the device; `ninfer_jax/sim/geometries/` ships
         config-only folders). `cost`: a CostModel or a JSON file of one; by default the
-        folder's `cost.json` if it has one, else `CostModel()`. `cost_source` says which."""
+        folder's `cost.json` if it has one, else `CostModel()`. `cost_source` says which.
+        `capacity`: pool sizes instead of the device solve (`ninfer trace --cache_device_bytes`;
+        the built-in model's pools stay one byte per unit, the counts are what its real bytes give)."""
         import os
 
         source = "default"
@@ -169,11 +192,11 @@ class SimProgram:
             source = "given"
         cost = cost or CostModel()
         if config.model.startswith("builtin:"):
-            program = cls(config, cost=cost)
+            program = cls(config, cost=cost, capacity=capacity)
         else:
             from ninfer_jax.model.config import load_config
 
-            program = cls(config, load_config(config.model), cost, model_bytes=True)
+            program = cls(config, load_config(config.model), cost, model_bytes=True, capacity=capacity)
         program.cost_source = source
         return program
 

@@ -61,7 +61,7 @@ def test_plan_text_names_every_part(plan):
     assert code == 0 and err == ""
     labels = [line.split("  ")[0] for line in out.splitlines()[1:]]
     assert labels == ["device memory", "usable", "weights", "Main KV", "StateImage slots", "backend pools",
-                      "workspace", "compiled steps", "free", "Host arena"]
+                      "workspace", "compiled steps", "free", "Host arena", "default split"]
     assert out.startswith(f"ninfer plan: {NEXT_80B} (qwen3_next), bfloat16, C=8, max_context=32768")
     assert f"{PARAMS_80B:,} parameters × 2 B" in out and "4,096 pages" in out and "262,144 tokens" in out
 
@@ -140,3 +140,64 @@ def test_plan_is_in_the_help(capsys):
     with pytest.raises(SystemExit):
         cli.run(["ninfer", "--help"])
     assert "\n  plan " in capsys.readouterr().out
+
+
+def _quarter_rule(max_context, c, n):
+    """The documented default split, computed here: one StateImage per max_context/4 of Main KV;
+    2C slots at least and at most what leaves Main KV one max_context, where N allows."""
+    quarter_pages = -(-(-(-max_context // 4)) // 64)
+    share = STATE_IMAGE_80B / (STATE_IMAGE_80B + quarter_pages * PAGE_80B)
+    keep = 1 - max(c, -(-max_context // 64)) * PAGE_80B / n
+    assert keep >= c * STATE_IMAGE_80B / n  # these tests' budgets hold C slots and one max_context
+    return min(max(share, min(2 * c * STATE_IMAGE_80B / n, keep)), keep)
+
+
+def test_plan_shows_the_default_split_in_text_and_json(plan):
+    code, out, err = plan(*_80b(f"--device_memory_bytes={192 * GIB}", "--json"))
+    assert code == 0, err
+    p = json.loads(out)
+    pools = 4096 * PAGE_80B + 16 * STATE_IMAGE_80B  # this plan's Main KV and StateImage slots
+    split = p["split"]
+    assert split["pool_bytes"] == pools and split["default"] == pytest.approx(_quarter_rule(32768, 8, pools))
+    assert split["state_slots"] == int(split["default"] * pools / STATE_IMAGE_80B)
+    assert split["kv_pages"] == min(4096, (pools - split["state_slots"] * STATE_IMAGE_80B) // PAGE_80B)
+    assert "one StateImage per max_context/4 of Main KV" in split["rule"] and "cache" not in p
+    code, text, _ = plan(*_80b(f"--device_memory_bytes={192 * GIB}"))
+    row = text.splitlines()[-1]
+    assert row.startswith("default split") and f"S = {split['default']:.4g}," in row
+    assert f"{split['state_slots']:,} StateImage slots + {split['kv_pages']:,} Main KV pages" in row
+
+
+def test_plan_with_cache_device_bytes_shows_the_split_pools(plan):
+    n = 64 * GIB
+    code, out, err = plan(f"--model={NEXT_80B}", "--max_concurrency=8", f"--device_memory_bytes={192 * GIB}",
+                          f"--cache_device_bytes={n}", "--split=0.25", "--json")
+    assert code == 0, err
+    p = json.loads(out)
+    cache = p["cache"]
+    slots = int(0.25 * n / STATE_IMAGE_80B)
+    pages = (n - slots * STATE_IMAGE_80B) // PAGE_80B
+    assert (cache["split"], cache["split_source"], cache["state_slots"], cache["kv_pages"]) == (
+        0.25, "--split", slots, pages)
+    assert cache["state_bytes"] + cache["kv_bytes"] <= n and cache["unused_bytes"] == n - slots * STATE_IMAGE_80B \
+        - pages * PAGE_80B
+    # max_context not given: the default 2048 raised so that C contexts cover the pool (CFG-6).
+    assert cache["max_context"] == 64 * -(-pages // 8)
+    assert p["split"]["pool_bytes"] == n and p["split"]["default"] == pytest.approx(_quarter_rule(2048, 8, n))
+    # Given --max_context is kept: Main KV stops at its CFG-6 upper bound and the rest is unused.
+    code, out, _ = plan(*_80b(f"--device_memory_bytes={192 * GIB}", f"--cache_device_bytes={n}", "--split=0.25"))
+    assert code == 0
+    row = out.splitlines()[-1]
+    assert row.startswith("cache bytes") and "4,096 Main KV pages" in row and "(--max_context)" in row
+
+
+@pytest.mark.parametrize("args, line_start", [
+    (("--cache_device_bytes=1073741824", "--split=1.5"), "ninfer plan: ConfigError: split: "),
+    (("--split=0.25",), "ninfer plan: ConfigError: split: is the StateImage share of --cache_device_bytes"),
+    (("--cache_device_bytes=0",), "ninfer plan: ConfigError: cache_device_bytes: must be a positive number"),
+    ((f"--cache_device_bytes={STATE_IMAGE_80B}",), "ninfer plan: ConfigError: cache_device_bytes: "),
+])
+def test_plan_bad_cache_flags_exit_2(plan, args, line_start):
+    code, out, err = plan(*_80b(f"--device_memory_bytes={192 * GIB}", *args))
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith(line_start), err
