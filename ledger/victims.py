@@ -158,23 +158,12 @@ def empty(state) -> VictimIndex:
                        _EMPTY, _EMPTY, Heat(_EMPTY, PSorted(_agg_seg), _EMPTY, _EMPTY))
 
 
-def _rev15(a: int) -> int:
-    return ((a & 31) << 10) | (((a >> 5) & 31) << 5) | (a >> 10)
-
-
-_REV15 = [_rev15(a) for a in range(1 << 15)]
-
-
 def walk_key(cid: int) -> int:
-    """The order demotions walk checkpoints in; a page several points hold joins the group of
-    the first that still has room (RCL-6). It is the order `immutables.Map` iterates int keys
-    (32-bit hash, five bits at a time, low bits first), which the enumeration followed before it
-    was made explicit: the hash chunks read in reverse, as one integer."""
-    h = cid if 0 <= cid < 1 << 32 else hash(cid)
-    x = (h & 0xFFFFFFFF) ^ ((h >> 32) & 0xFFFFFFFF)
-    if x == 0xFFFFFFFF:
-        x = 0xFFFFFFFE
-    return (_REV15[x & 0x7FFF] << 20) | (_REV15[(x >> 15) & 0x7FFF] << 5) | (x >> 30)
+    """The order demotions walk checkpoints in (RCL-6): a page several points hold joins the
+    group of the first that still has room. It is creation order, oldest point first: relative,
+    so a cache cleared and filled again walks exactly as a fresh one does (a schedule does not
+    depend on how many ids came before)."""
+    return cid
 
 
 # -- facts shared by the incremental and the from-scratch paths ---------------------------

@@ -70,12 +70,25 @@ def test_ptrie_diff_names_exactly_the_changed_keys(first, second):
     assert all(b.get(k) == v for k, v in mb.items())
 
 
-def test_walk_key_is_the_maps_iteration_order():
-    """The demotion walk (RCL-6: a page several points hold joins the first one's group) keeps
-    the order the enumeration had when it iterated the checkpoint map."""
+def test_walk_key_is_creation_order_so_a_cleared_cache_walks_like_a_fresh_one():
+    """The demotion walk (RCL-6: a page several points hold joins the first one's group) is the
+    points' creation order: the same histories cached after a clear, with later ids, give the
+    same demotion groups, in the incremental order and in the reference alike."""
     keys = [1, 2, 31, 32, 33, 64, 1000, 1023, 1024, 99999, 3 << 20, (1 << 31) + 5]
-    m = immutables.Map(dict.fromkeys(keys))
-    assert list(m) == sorted(keys, key=walk_key)
+    assert sorted(keys, key=walk_key) == sorted(keys)
+    groups = []
+    for rounds in (1, 2):
+        sim = make(main=256, slots=64, host=1 << 20)
+        for r in range(rounds):
+            if r:
+                sim.apply(L.plan_clear(sim.state, sim.cache))
+            _prompt_family(sim, 10)
+        shift = min(sim.cache.checkpoints)
+        q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 3), L.Applicant(L.ApplicantKind.NECESSARY))
+        r_ = L.quote_reference(sim.state, sim.cache, L.Gap(L.MAIN_KV, 3), L.Applicant(L.ApplicantKind.NECESSARY))
+        assert q.chosen == r_.chosen
+        groups.append([(a.kind, tuple(c - shift for c in a.cids), len(a.objects)) for a in q.chosen])
+    assert groups[0] == groups[1], groups
 
 
 # -- scenarios ----------------------------------------------------------------------------------
