@@ -193,11 +193,21 @@ class EngineCore(UnitPlanning):
         ran = bool(decode_rows)
         if decode_rows:
             self._run_decode(decode_rows)
-        if prefill is not None and prefill[0].phase == PREFILL:
+        prefilled = prefill is not None and prefill[0].phase == PREFILL
+        if prefilled:
             self._run_prefill(prefill[0])
             ran = True
         self._settle(permits["decode"], prefill)
+        before = self.program.state.transaction
         txns.advance(idle=not ran)  # SCH-9: after Control/Decode (a cycle that ran nothing waits here)
+        if not prefilled and before is not None and self.program.state.transaction is not before:
+            # SCH-9: a transaction ended at this point (a demotion freed pages, say); the prefill
+            # turn no permit let run this cycle applies again and takes the cycle's prefill turn.
+            turn = self._refreshed_prefill()
+            if turn is not None:
+                self._allocate({}, turn)
+                self._run_prefill(turn[0])
+                self._settle({}, turn)
 
     def _admit(self, take_prefill: bool = True):
         """Fresh admission from the surplus (RES-3, SCH-2): each candidate asks the cache for

@@ -127,7 +127,8 @@ class ContextCache:
             if isinstance(got, Refusal):
                 continue
             self.apply(got)
-            self.txns.adopt()  # RCL-7: a demotion is submitted and completes at a later SCH-9 point
+            self.txns.adopt()  # RCL-7: a demotion is submitted and completes at a later SCH-9 point,
+            self.txns.land_demotion()  # or now if its copies have landed already (RES-4)
             self.counters["reclaims"] += 1
             done = True
         return done

@@ -123,6 +123,30 @@ class Transactions:
         if t is not None and t.generation != self.generation and t.phase == TxnPhase.RESERVED:
             self.started(Pending(kind, None))
 
+    def land_demotion(self) -> bool:
+        """RES-4: a demotion whose copies have landed completes and is published now, so the
+        reclamation that began it goes on to its next pool and the plan it serves is retried
+        at once with the room. Where the pools live in host memory (the CPU backend) a poll
+        lands its memcpy (`Transfers.synchronous`), so the schedule does not race the copy
+        thread. Elsewhere a copy not yet ready is left to the SCH-9 points (looked at once,
+        never waited for), as is one a test hold keeps in flight.
+        True if the slot is free again."""
+        t = self.current
+        if t is None or t.phase != TxnPhase.SUBMITTED or self._live("demotion") is None or self._held["publish"]:
+            return False
+        stores = self.program.stores
+        g = t.generation
+        if stores.copies_held(g):
+            return False
+        stores.poll(tick=False)  # on host-side pools this lands it (Transfers.synchronous)
+        if not stores.copies_done(g):
+            return False
+        self._complete(t)
+        t = self.current
+        if t is not None and t.phase == TxnPhase.COMPLETED:
+            self._publish(t)
+        return self.current is None
+
     def _submit(self, t) -> None:
         self.reuse.apply(ledger.plan_submit(self.program.state, t.generation))  # the copies are dispatched
 

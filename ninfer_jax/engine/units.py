@@ -135,6 +135,27 @@ class UnitPlanning:
                 self._last_turn = out["prefill"][0].ticket
             return out
 
+    def _refreshed_prefill(self):
+        """SCH-9: after Control/Decode, the prefill turn that had no permit this cycle applies
+        again, once, with no reclamation and no pause (a refusal waits for the next cycle, as
+        it would have). The recovery holder draws from its own permit and is not refreshed.
+        Returns (request, permit) or None."""
+        turn = self._prefill_turn()
+        if turn is None or turn is self.preempt.holder or turn.phase != PREFILL:
+            return None
+        kind = UnitKind.REPLAY if turn.replaying else UnitKind.PREFILL
+        need = self._pages_needed(turn, turn.fed + self._chunk(turn))
+        if not need:
+            self._last_turn = turn.ticket
+            return turn, NO_UNITS  # RES-2: nothing to reserve
+        plan = ledger.plan_cycle_permits(self.program.state, [UnitDemand(turn.key, kind, {MAIN_KV: need})])
+        got = plan.proof.rows[0]
+        if isinstance(got, Refusal):
+            return None
+        self.program.commit(plan)
+        self._last_turn = turn.ticket
+        return turn, got
+
     def _permit_left(self, req: Request) -> int:
         p = self.program.state.permits.get(req.recovery_permit) if req.recovery_permit is not None else None
         return -1 if p is None else p.remaining.get(MAIN_KV, 0)

@@ -44,6 +44,7 @@ class ProgramStores:
             self.pools[p.pool_id] = p
         self.arena = self.arena_cls(host_capacity_bytes)
         self.transfers = Transfers(self.arena)
+        self.transfers.synchronous = self.host_side_copies
         self._generation = None  # the transaction whose submit is being run (its copies' tag)
         self.config = LedgerConfig(tuple(p.spec() for p in pools), host_capacity_bytes).validate()
         self._state = ledger.initial_state(self.config)
@@ -77,6 +78,16 @@ class ProgramStores:
     def wait(self, generation: int | None = None) -> None:
         """Land that transaction's copies (None: every copy), waiting for them."""
         self.transfers.finish(generation)
+
+    @property
+    def host_side_copies(self) -> bool:
+        """Every pool lives in host memory (the CPU backend): a copy to the arena is a memcpy
+        that ends within its dispatch, so waiting for it costs no more than polling it."""
+        return all(getattr(p, "device", None) is None or p.device.platform == "cpu" for p in self.pools.values())
+
+    def copies_held(self, generation: int) -> bool:
+        """A test hold keeps one of that transaction's copies "not ready" (transfers.hold_polls)."""
+        return any(t.held > 0 for t in self.transfers.in_flight(generation))
 
     def _run(self, effects) -> None:
         # Batch consecutive effects of one kind and pool: one transfer per batch.

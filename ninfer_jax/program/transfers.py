@@ -111,6 +111,9 @@ class Transfers:
         arena.guard = self._guard
         self.pending: list[Transfer] = []
         self.hold_polls = 0  # test hook (module doc)
+        # Pools in host memory (the CPU backend): a copy is a memcpy ending within its dispatch,
+        # so a poll lands it rather than racing the copy thread, and a schedule is reproducible.
+        self.synchronous = False
         self._paths: dict = {}
         self.stats = collections.Counter()  # d2h/h2d transfers, pieces, and host bytes copied
 
@@ -193,7 +196,7 @@ class Transfers:
             if t.held > 0:
                 t.held -= tick
                 continue
-            if self._ready(t):
+            if self.synchronous or self._ready(t):
                 self._land(t)
                 landed += 1
         return landed

@@ -16,7 +16,7 @@ from engine_helpers import assert_idle_and_empty, make_engine, run_until_done
 from ninfer_jax import ContextCacheConfig, SamplingParams
 from ninfer_jax.compile_cache import CompileCounter
 from ninfer_jax.engine.request import DECODE, PAUSED
-from ninfer_jax.engine.transactions import WAIT_REASONS
+from ninfer_jax.engine.transactions import WAIT_REASONS, Transactions
 
 HOST = ContextCacheConfig(host_capacity_bytes=4 << 20)
 COLD = ContextCacheConfig(enabled=False)
@@ -403,4 +403,78 @@ def test_large_snapshot_read_back_after_warm_up_compiles_nothing(tiny_model):
     assert s["resumes_snapshot"] == 1 and s["h2d_bytes"] >= 69 * page, s
     assert cc.requests == 0, f"{cc.requests} XLA compilations after warm-up"
     assert e.program.compilations == compiled
+    assert_idle_and_empty(e)
+
+
+def _full_cache_engine(tiny_model, c=2):
+    """Main KV just above its CFG-6 minimum, filled with cached histories, so every new page a
+    request needs comes from a demotion to Host."""
+    e = _engine(tiny_model, c=c, kv_capacity=512)
+    for i in range(6):
+        run_until_done(e, [e.submit(_ids(300 + i, 120), SP)])
+    return e
+
+
+def test_res4_a_demotion_whose_copy_landed_frees_room_within_the_reclamation(tiny_model, cold, monkeypatch):
+    """RES-4: a demotion whose copies have already landed completes inside the reclamation
+    that began it, so the plan it serves is retried at once with the room (State, then Main KV,
+    in one admission); a copy held in flight leaves the room to a later SCH-9 point instead."""
+    landed = []
+    real = Transactions.land_demotion
+
+    def spy(self):
+        got = real(self)
+        landed.append(got)
+        return got
+    monkeypatch.setattr(Transactions, "land_demotion", spy)
+    cycles_taken = {}
+    for hold in (0, 2):
+        e = _full_cache_engine(tiny_model)
+        landed.clear()
+        e.program.stores.transfers.hold_polls = hold
+        work = [(_ids(400 + k, 90), SP) for k in range(3)]
+        hs = [e.submit(p, sp) for p, sp in work]
+        cycles = run_until_done(e, hs)
+        _check_equal_cold(cold, work, hs)
+        assert landed, "admission on a full cache reclaimed by demotion"
+        if hold:
+            assert not any(landed), "a held copy is never completed inside the reclamation"
+        else:
+            assert all(landed), "an unheld demotion's copy lands at once on this backend"
+        cycles_taken[hold] = cycles
+        e.program.stores.transfers.hold_polls = 0
+        assert_idle_and_empty(e)
+    assert cycles_taken[0] < cycles_taken[2], f"landing at once saves cycles: {cycles_taken}"
+
+
+def test_sch9_the_prefill_turn_applies_again_when_a_demotion_lands_after_decode(tiny_model, cold, monkeypatch):
+    """SCH-9: a demotion held for one point lands after Control/Decode; the prefill turn that had
+    no permit this cycle applies again there and runs its chunk in the same cycle."""
+    e = _full_cache_engine(tiny_model)
+    a = _decoding(e)
+    e.program.stores.transfers.hold_polls = 1  # not ready after admission, ready after decode
+    core = e.core
+    refreshed = []
+    real = core._refreshed_prefill
+
+    def spy():
+        before = core.counters["prefill_chunks"]
+        got = real()
+        refreshed.append((got is not None, before))
+        return got
+    monkeypatch.setattr(core, "_refreshed_prefill", spy)
+    work = [(_ids(500, 150), SP)]
+    b = e.submit(*work[0])
+    ran = []
+    while not b.done():
+        n0 = len(refreshed)
+        chunks = core.counters["prefill_chunks"]
+        _step(e)
+        if len(refreshed) > n0 and refreshed[-1][0]:
+            ran.append(core.counters["prefill_chunks"] - chunks)
+    run_until_done(e, [a])
+    assert ran, "a prefill turn was refreshed after a demotion landed post-decode"
+    assert all(n == 1 for n in ran), f"one chunk per cycle (SCH-1) in the refreshed cycles: {ran}"
+    _check_equal_cold(cold, [(_ids(50, 40), SP_LONG)] + work, [a, b])
+    e.program.stores.transfers.hold_polls = 0
     assert_idle_and_empty(e)
