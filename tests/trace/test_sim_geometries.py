@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-from absl import flags
 
 import ledger
 from ninfer_jax import ContextCacheConfig, EngineConfig
@@ -18,7 +17,7 @@ from ninfer_jax.bench import trace as T
 from ninfer_jax.model.config import load_config
 from ninfer_jax.plan import plan_capacity
 from ninfer_jax.sim import SimProgram
-from trace_helpers import marconi_line, write_lines
+from trace_helpers import marconi_line, run_cli, write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 GEOMETRIES = ROOT / "ninfer_jax" / "sim" / "geometries"
@@ -153,23 +152,9 @@ def test_a_tiny_trace_replays_on_the_geometry(tmp_path, name):
     assert f["cached_tokens"] > 0  # later turns reuse the earlier prompts
 
 
-def _cli(capsys, *args):
-    from ninfer_jax import cli
-
-    flags.FLAGS.unparse_flags()
-    try:
-        code = cli.main(cli.parse_flags(["ninfer", *args]))
-    except SystemExit as e:
-        code = e.code
-    finally:
-        flags.FLAGS.unparse_flags()
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_ninfer_trace_program_sim_on_the_folder(tmp_path, capsys, name):
-    code, out, err = _cli(capsys, "trace", _trace(tmp_path, name), "--program=sim", f"--model={GEOMETRIES / name}",
+    code, out, err = run_cli(capsys, "trace", _trace(tmp_path, name), "--program=sim", f"--model={GEOMETRIES / name}",
                           "--json", "--max_concurrency=2", "--max_context=2048", "--chunk_size=256", "--cold=false",
                           f"--device_memory_bytes={PUBLISHED[name][2]}", f"--host_capacity_bytes={16 * GIB}")
     assert code == 0, err

@@ -10,12 +10,11 @@ import math
 from pathlib import Path
 
 import pytest
-from absl import flags
 
 from ninfer_jax import ContextCacheConfig, EngineConfig
 from ninfer_jax.bench import trace as T
 from ninfer_jax.errors import ConfigError
-from trace_helpers import marconi_line, write_lines
+from trace_helpers import marconi_line, run_cli, write_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 GEOMETRY = ROOT / "ninfer_jax" / "sim" / "geometries" / "qwen3_next_80b_a3b"
@@ -257,20 +256,6 @@ def test_bad_budget_flags_are_config_errors_naming_the_flag_before_any_replay(sm
     assert e.value.field == field, e.value
 
 
-def _cli(capsys, *args):
-    from ninfer_jax import cli
-
-    flags.FLAGS.unparse_flags()
-    try:
-        code = cli.main(cli.parse_flags(["ninfer", *args]))
-    except SystemExit as e:
-        code = e.code
-    finally:
-        flags.FLAGS.unparse_flags()
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.mark.parametrize("args, line_start", [
     (("--program=sim", "--cache_device_bytes=1073741824", "--split=1.5"), "ConfigError: split: "),
     (("--program=sim", "--split_sweep=0.1,0.5"), "ConfigError: split_sweep: "),
@@ -284,13 +269,13 @@ def test_ninfer_trace_refuses_bad_budget_flags_in_one_line(small_trace, capsys, 
         raise AssertionError("the replay started")
 
     monkeypatch.setattr(T, "run_trace", no_run)
-    code, out, err = _cli(capsys, "trace", small_trace, f"--model={GEOMETRY}", *args)
+    code, out, err = run_cli(capsys, "trace", small_trace, f"--model={GEOMETRY}", *args)
     assert code == 2 and out == ""
     assert len(err.splitlines()) == 1 and err.startswith(f"ninfer trace: {line_start}"), err
 
 
 def test_ninfer_trace_split_sweep_json(small_trace, capsys):
-    code, out, err = _cli(capsys, "trace", small_trace, "--program=sim", f"--model={GEOMETRY}", "--json",
+    code, out, err = run_cli(capsys, "trace", small_trace, "--program=sim", f"--model={GEOMETRY}", "--json",
                           "--max_concurrency=2", "--chunk_size=256", "--cold=false",
                           f"--cache_device_bytes={2 * GIB}", "--split_sweep=0.2,default")
     assert code == 0, err

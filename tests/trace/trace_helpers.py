@@ -12,3 +12,20 @@ def marconi_line(session, turn, ts, prompt, output, **over) -> str:
 def write_lines(path, lines) -> str:
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+def run_cli(capsys, *args: str):
+    """`ninfer *args` in process: (exit status, stdout, stderr); absl flags reset around it."""
+    from absl import flags
+
+    from ninfer_jax import cli
+
+    flags.FLAGS.unparse_flags()
+    try:
+        code = cli.main(cli.parse_flags(["ninfer", *args]))
+    except SystemExit as e:
+        code = e.code
+    finally:
+        flags.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return code, out.out, out.err
