@@ -18,6 +18,7 @@ capacity ignored.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import random
 import sys
@@ -79,28 +80,31 @@ def workload(sessions: int, turns: int, seed: int) -> list[dict]:
     return reqs
 
 
+def _common_prefix(a: tuple, b: tuple) -> int:
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:  # binary search on slice equality (C speed)
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def upper_bound(reqs: list[dict]) -> list[int]:
-    """For each request, the longest prefix any earlier request's tokens share (capacity ignored)."""
+    """For each request, the longest prefix any earlier request's tokens share (capacity ignored).
+
+    The earlier sequences are kept sorted (tuples compare lexicographically, a prefix first):
+    of a sorted set, the member sharing the longest prefix with x is one of x's two neighbours
+    at its insertion point, so each request costs two comparisons and a search instead of one
+    per earlier request (a 3,400-request agent trace: seconds, not a quarter of an hour)."""
     seen: list[tuple] = []
     out = []
     for r in reqs:
         toks = tuple(r["tokens"])
-        best = 0
-        for s in seen:
-            if s[0] != toks[0] or best >= len(toks):
-                continue
-            lo, hi = best, min(len(s), len(toks))  # binary search on slice equality (C speed)
-            if s[:lo] != toks[:lo]:
-                continue
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if s[:mid] == toks[:mid]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            best = max(best, lo)
-        out.append(best)
-        seen.append(toks + tuple(r["output"])[:-1])  # E: the last output token is not yet input
+        i = bisect.bisect_left(seen, toks)
+        out.append(max((_common_prefix(seen[j], toks) for j in (i - 1, i) if 0 <= j < len(seen)), default=0))
+        bisect.insort(seen, toks + tuple(r["output"])[:-1])  # E: the last output token is not yet input
     return out
 
 
