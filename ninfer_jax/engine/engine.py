@@ -76,6 +76,8 @@ def prompt_ids(prompt, tokenizer, model: str) -> list[int]:
         if tokenizer is None:
             raise RequestError(f"{model} ships no tokenizer: pass token ids")
         return tokenizer.encode(prompt)
+    if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
+        return list(prompt)  # plain ints already (a long prompt: no per-id conversion)
     try:
         return [int(t) if not isinstance(t, bool) else t for t in prompt]
     except (TypeError, ValueError):
