@@ -327,7 +327,7 @@ class Replayer:
 
     def __init__(self, engine, trace: Trace, *, concurrency: int, temperature: float = 0.0, seed: int = 0,
                  default_max_tokens: int = 32, progress: str | None = None, skip_too_long: bool = False,
-                 max_context: int | None = None):
+                 max_context: int | None = None, occupancy: bool = True):
         """`skip_too_long`: a request that cannot fit `max_context` (token-level: prompt + output
         tokens beyond it; chat-level: a rendered prompt the frontend refuses as too long) is not
         replayed and ends as an Outcome with finish_reason "too_long"; its session goes on."""
@@ -335,6 +335,9 @@ class Replayer:
         self.temperature, self.seed, self.default_max_tokens = temperature, seed, default_max_tokens
         self.progress = progress
         self.skip_too_long = skip_too_long
+        # pool occupancy over time, for --report's plot: each sample reads every Host-resident
+        # object, so a replay without a report takes none
+        self.occupancy = occupancy
         config = getattr(engine, "config", None)
         self.max_context = max_context or getattr(config, "max_context", None)
         program = engine.program  # the Program's clock: modelled seconds on SimProgram, wall seconds otherwise
@@ -426,7 +429,7 @@ class Replayer:
         core = getattr(self.engine, "core", None)  # a stand-in engine (tests) reports no occupancy
 
         def sample():
-            if core is None:
+            if core is None or not self.occupancy:
                 return
             row = {"t": self.clock(), **occupancy(self.engine.program.state)}
             row.update({k: core.counters[k] for k in ("pauses_snapshot", "pauses_replay", "resumes_snapshot",
@@ -875,7 +878,7 @@ def _run_budget(trace: Trace, config, budget, *, program: str, cold: bool, prefi
                 skip_too_long: bool, **kw) -> dict:
     """The cached (and cold) run at one pool sizing (`budget`: a CacheSplit, or None for the
     device solve) and its figures; the report written when asked."""
-    extra = dict(kw, skip_too_long=skip_too_long)
+    extra = dict(kw, skip_too_long=skip_too_long, occupancy=bool(report))
     if budget is not None:
         config = dataclasses.replace(config, max_context=budget.max_context)
         extra["capacity"] = budget.capacity(_host_bytes(config))
