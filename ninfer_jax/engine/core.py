@@ -74,9 +74,11 @@ COUNTERS = (
 
 
 class EngineCore(UnitPlanning):
-    def __init__(self, program, decode_text=None, *, max_queue: int = 4096, max_context: int | None = None):
+    def __init__(self, program, decode_text=None, *, max_queue: int = 4096, max_context: int | None = None,
+                 pieces=None):
         self.program = program
         self.decode_text = decode_text  # ids -> text, or None (token ids only)
+        self.pieces = pieces  # per-id bytes of decode_text when it is byte-level (detok's fast path)
         self.c = program.config.max_concurrency
         self.max_context = max_context or program.config.max_context
         self.max_queue = max_queue
@@ -119,7 +121,7 @@ class EngineCore(UnitPlanning):
         splits = tuple(sorted({f for f in splits if 0 < f < len(prompt)} | {s.frontier for s in saves}))
         return Request(ticket=ticket, request_id=rid, prompt=prompt, sampling=sp, seed=seed,
                        max_context=self.max_context, handle=handle,
-                       detok=Detokenizer(self.decode_text, () if sp.forced_output else sp.stop),
+                       detok=Detokenizer(self.decode_text, () if sp.forced_output else sp.stop, self.pieces),
                        stop_ids=frozenset(stop_ids),
                        saves=saves, splits=splits, session=session, t_submit=self.program.clock(), raw=raw)
 
@@ -330,10 +332,12 @@ class EngineCore(UnitPlanning):
         self.counters["decode_steps"] += 1
         plain = [sampling.plain_greedy(r.sampling) for r in rows]
         picks = sampling.greedy_rows(logits[:len(rows)]) if any(plain) else None  # one argmax for the batch
+        now = self.program.clock()  # one step's tokens all appear at once
         for i, (r, row_logits) in enumerate(zip(rows, logits)):
             r.fed += 1
-            r.computed = max(r.computed, r.fed)
-            self._sample(r, row_logits, picks[i] if plain[i] else None)
+            if r.fed > r.computed:
+                r.computed = r.fed
+            self._sample(r, row_logits, picks[i] if plain[i] else None, now)
 
     def _run_prefill(self, req: Request) -> None:
         n = self._chunk(req)
@@ -378,37 +382,42 @@ class EngineCore(UnitPlanning):
             if save.frontier == req.fed:
                 self.reuse.capture(self.view(req), save)
 
-    def _sample(self, req: Request, logits, token: int | None = None) -> None:
+    def _sample(self, req: Request, logits, token: int | None = None, now: float | None = None) -> None:
         """Commit the row's next token: `token` when the batch already chose it (plain greedy
-        rows share one argmax), else drawn from `logits` here."""
-        self.preempt.end_recovery(req)  # RES-5: a generated token is real new progress
+        rows share one argmax), else drawn from `logits` here. `now`: the batch's clock."""
+        if req.recovery_permit is not None:
+            self.preempt.end_recovery(req)  # RES-5: a generated token is real new progress
         lp = None
         sp = req.sampling
+        output = req.output
         if sp.forced_output:  # replay of a recorded output: the same decode path, no draw
-            token = sp.forced_output[len(req.output)]
-            lp = sampling.logprob_of(logits, sp, token, req.prompt, req.output) if sp.logprobs else None
+            token = sp.forced_output[len(output)]
+            lp = sampling.logprob_of(logits, sp, token, req.prompt, output) if sp.logprobs else None
         elif token is None:
-            position = len(req.prompt) + len(req.output)
-            token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, req.output)
-        now = self.program.clock()
+            position = len(req.prompt) + len(output)
+            token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output)
+        if now is None:
+            now = self.program.clock()
         if req.t_first_token is None:
             req.t_first_token = now
             self.histograms["time_to_first_token_seconds"].observe(now - req.t_submit)
         else:
             gap = now - req.t_last_token
-            req.max_gap = max(req.max_gap, gap)
+            if gap > req.max_gap:
+                req.max_gap = gap
             self.histograms["inter_token_seconds"].observe(gap)
         req.t_last_token = now
-        req.output.append(token)
+        output.append(token)
         self.counters["generated_tokens"] += 1
         if lp is not None:
             req.logprobs.append(lp)
-        text = req.detok.push(token)
-        req.text += text
+        detok = req.detok
+        text = detok.push(token)
         req.handle._push(TokenDelta((token,), text, (lp,) if lp is not None else ()))
-        if req.detok.stopped or token in req.stop_ids or len(req.output) == len(sp.forced_output) > 0:
+        n = len(output)
+        if detok.stopped or token in req.stop_ids or n == len(sp.forced_output) > 0:
             self._finish(req, "stop")
-        elif len(req.output) >= req.sampling.max_tokens or len(req.prompt) + len(req.output) >= req.max_context:
+        elif n >= sp.max_tokens or len(req.prompt) + n >= req.max_context:
             self._finish(req, "length")
 
     # ---- ends and errors ---------------------------------------------------------------
@@ -465,7 +474,6 @@ class EngineCore(UnitPlanning):
             self.counters["requests_finished"] += 1
         tail = req.detok.flush() if reason in ("length", "cancelled") else ""
         if tail:
-            req.text += tail
             req.handle._push(TokenDelta((), tail))
         self.by_id.pop(req.request_id, None)
         req.handle._finish(req.completion())

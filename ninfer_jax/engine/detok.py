@@ -11,17 +11,26 @@ context on both sides of the difference; a window is settled once its text ends 
 character. Only the text a stop string could still span is kept. A decoder whose window text
 does not extend its context's text falls back to decoding everything, so the text released is
 always the full decode's.
+
+A byte-level tokenizer offers its per-id byte strings (`Tokenizer.byte_pieces`); then no
+tokenizer call is made at all: the bytes go through an incremental UTF-8 decoder, and a
+character still incomplete counts as the one U+FFFD the full decode would end with, so the
+releases are the same as the windowed path's.
 """
 from __future__ import annotations
 
+import codecs
 from typing import Callable, Sequence
 
 _TRIM = 256  # settled characters dropped in batches, not one slice per token
 
 
 class Detokenizer:
-    def __init__(self, decode: Callable[[Sequence[int]], str] | None, stop: Sequence[str] = ()):
+    def __init__(self, decode: Callable[[Sequence[int]], str] | None, stop: Sequence[str] = (),
+                 pieces: Sequence[bytes] | None = None):
         self._decode = decode
+        self._pieces_of = pieces if decode is not None else None  # id → bytes (byte-level fast path)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") if self._pieces_of is not None else None
         self._stop = tuple(stop)
         self._keep = max((len(s) for s in self._stop), default=0)  # released text a stop may span
         self._ids: list[int] = []
@@ -55,12 +64,24 @@ class Detokenizer:
             self._windowed = False  # not prefix-stable: the full decode is the text
         return self._decode(ids)[self._base:]
 
+    def _bytes_text(self, token: int | None) -> str:
+        """The fast path's full text from `_base`: the token's bytes decoded incrementally; a
+        pending incomplete character reads as the U+FFFD the full decode would show."""
+        if token is None:  # the end: an incomplete character is final
+            self._recent += self._utf8.decode(b"", final=True)
+            return self._recent
+        self._recent += self._utf8.decode(self._pieces_of[token])
+        return self._recent + "\ufffd" if self._utf8.getstate()[0] else self._recent
+
     def push(self, token: int) -> str:
         """Add one token; return the newly final text (possibly empty)."""
-        self._ids.append(token)
         if self._decode is None:
             return ""
-        full = self._text()
+        if self._utf8 is not None:
+            full = self._bytes_text(token)
+        else:
+            self._ids.append(token)
+            full = self._text()
         if self._stop:
             start = max(0, self._sent - self._base - self._keep)
             hits = [i for i in (full.find(s, start) for s in self._stop) if i >= 0]
@@ -79,7 +100,7 @@ class Detokenizer:
         """At the end of generation: everything not yet released (a held stop prefix is text)."""
         if self._decode is None or self.stopped:
             return ""
-        full = self._text()
+        full = self._bytes_text(None) if self._utf8 is not None else self._text()
         return self._release(full, len(full))
 
     def _release(self, full: str, end: int) -> str:

@@ -115,7 +115,8 @@ class Engine:
         self.program.warmup()
         self.warmup_seconds = time.perf_counter() - t0
         self.core = EngineCore(program, self.tokenizer_decode if self.tokenizer else None,
-                               max_queue=self.config.max_queue)
+                               max_queue=self.config.max_queue,
+                               pieces=self.tokenizer.byte_pieces() if self.tokenizer else None)
         self._chat = None
         self._closed = False  # no new requests: closing, closed or failed
         self._stop = False  # the loop thread exits

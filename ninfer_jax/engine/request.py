@@ -96,7 +96,6 @@ class Request:
     cached_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
-    text: str = ""
     t_submit: float = 0.0  # on the Program's clock
     t_admitted: float | None = None
     t_first_token: float | None = None
@@ -105,6 +104,11 @@ class Request:
     ident: object = dataclasses.field(default=None, repr=False)  # identity of prompt + output, cached
     wait_seen: object = dataclasses.field(default=None, repr=False)  # cache index at the last failed wait
     t_finished: float | None = None  # on the Program's clock: when the request ended (OBS-4)
+
+    @property
+    def text(self) -> str:
+        """The output text released so far (the streamed deltas, joined)."""
+        return self.detok.sent
 
     @property
     def key(self) -> tuple:

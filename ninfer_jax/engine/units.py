@@ -60,6 +60,11 @@ class UnitPlanning:
         reclaimed = False
         turn = self._prefill_turn()
         holder = self.preempt.holder
+        if turn is None and holder is None and all(r.phase == DECODE and r.fed < len(r.pages) * PAGE
+                                                   for r in self.residents):
+            # The common decode cycle: every row's next token lands in a page it holds (RES-2),
+            # so no row applies and nothing is planned or committed.
+            return {"decode": dict.fromkeys(self.residents, NO_UNITS)}
         while True:
             rows, demands, free = [], [], set()
             for r in self.residents:

@@ -65,7 +65,22 @@ def _builtin():
     return t.decode
 
 
-DECODERS = {"byte_level": (_builtin, 1024), "metaspace": (_metaspace, 9), "wordpiece": (_wordpiece, 10)}
+def _builtin_engine():
+    """What the engine streams: special tokens skipped (Engine.tokenizer_decode)."""
+    t = Tokenizer.builtin()
+    return lambda ids: t.decode(ids, skip_special_tokens=True)
+
+
+DECODERS = {"byte_level": (_builtin, 1024), "metaspace": (_metaspace, 9), "wordpiece": (_wordpiece, 10),
+            "byte_pieces": (_builtin_engine, 1024)}
+
+
+def _detok(kind, decode, stop):
+    """The detokenizer under test: "byte_pieces" is the byte-level path with the per-id bytes."""
+    pieces = Tokenizer.builtin().byte_pieces() if kind == "byte_pieces" else None
+    if kind == "byte_pieces":
+        assert pieces is not None
+    return Detokenizer(decode, stop, pieces=pieces)
 
 
 @pytest.mark.parametrize("kind", sorted(DECODERS))
@@ -76,7 +91,7 @@ def test_windowed_detok_releases_what_the_full_decode_releases(kind, stop):
     rng = random.Random(f"{kind}{stop}")  # str seeds are deterministic
     for trial in range(40):
         ids = [rng.randrange(vocab) for _ in range(rng.randint(1, 60))]
-        got, want = Detokenizer(decode, stop), FullDecode(decode, stop)
+        got, want = _detok(kind, decode, stop), FullDecode(decode, stop)
         for t in ids:
             assert got.push(t) == want.push(t), (kind, ids)
             assert got.stopped == want.stopped
@@ -90,21 +105,33 @@ def test_windowed_detok_releases_what_the_full_decode_releases(kind, stop):
             assert got._windowed  # the fast path held: no fallback to decoding everything
 
 
-def test_windowed_detok_holds_a_split_multibyte_character():
+@pytest.mark.parametrize("kind", ["byte_level", "byte_pieces"])
+def test_windowed_detok_holds_a_split_multibyte_character(kind):
     t = Tokenizer.builtin()
     ids = t.encode("naïve café — 東京 ok")
-    d = Detokenizer(t.decode)
-    out = "".join(d.push(i) for i in ids) + d.flush()
+    d = _detok(kind, _builtin_engine(), ())
+    pushed = [d.push(i) for i in ids]
+    out = "".join(pushed) + d.flush()
     assert out == t.decode(ids) and "\ufffd" not in out
+    assert "" in pushed  # some character was split over tokens and held
 
 
+def test_byte_pieces_end_on_an_incomplete_character_as_the_full_decode_does():
+    t = Tokenizer.builtin()
+    ids = t.encode("東")[:-1]  # the character's last byte missing
+    d = _detok("byte_pieces", _builtin_engine(), ())
+    assert "".join(d.push(i) for i in ids) == ""
+    assert d.flush() == t.decode(ids) == "\ufffd"
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "byte_pieces"])
 @pytest.mark.parametrize("stop", [(), ("\n\nQ:", "zq")])
-def test_long_outputs_keep_only_the_tail_a_stop_can_span(stop):
+def test_long_outputs_keep_only_the_tail_a_stop_can_span(kind, stop):
     """Past a few hundred characters the settled text is trimmed; releases stay the reference's."""
-    decode = _builtin()
+    decode = (_builtin_engine if kind == "byte_pieces" else _builtin)()
     rng = random.Random(5)
     ids = [rng.randrange(1024) for _ in range(1500)]
-    got, want = Detokenizer(decode, stop), FullDecode(decode, stop)
+    got, want = _detok(kind, decode, stop), FullDecode(decode, stop)
     for t in ids:
         assert got.push(t) == want.push(t)
         if want.stopped:
