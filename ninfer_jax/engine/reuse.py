@@ -111,18 +111,22 @@ class ContextCache:
             amount = pools[pool]
             if amount <= 0:
                 continue
-            if pool != ledger.HOST and applicant.demote and self.program.state.transaction is not None:
-                # SCH-9, TXN-1: while a transaction holds the one slot no demotion can start, so
-                # reclaiming now could only delete what a demotion would keep: the refused work
-                # waits for the transaction's end instead (`Transactions.releases`).
-                self.txns.reclaim_waits = True
-                continue
             gap = Gap(pool, amount)
-            q = self.quote(gap, applicant, protect)
-            if not q.admitted and revoke:
-                q = self.quote(gap, applicant._replace(revoke_waiters=True), protect)
-            if not q.admitted:
-                continue
+            if pool != ledger.HOST and applicant.demote and self.program.state.transaction is not None:
+                # SCH-9, TXN-1: while a transaction holds the one slot no demotion can start.
+                # What costs nothing goes now (Device copies of Host-replicated content, points
+                # worth nothing, RCL-1); anything else would delete what a demotion would keep,
+                # so the refused work waits for the transaction's end (`Transactions.releases`).
+                q = self.quote(gap, applicant._replace(demote=False), protect)
+                if not q.admitted or q.loss:
+                    self.txns.reclaim_waits = True
+                    continue
+            else:
+                q = self.quote(gap, applicant, protect)
+                if not q.admitted and revoke:
+                    q = self.quote(gap, applicant._replace(revoke_waiters=True), protect)
+                if not q.admitted:
+                    continue
             got = ledger.plan_reclaim(self.program.state, self.cache, q)
             if isinstance(got, Refusal):
                 continue

@@ -136,6 +136,7 @@ class SimProgram:
                  UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, jnp.zeros((self.capacity.state_slots, 1), jnp.uint8))],
                 self.capacity.host_capacity_bytes)
         self.vocab_size = cfg.vocab_size
+        self._buf, self._set = None, ((), ())  # the logits buffer of `_block` and its set entries
         self.eos_token_ids = tuple(cfg.eos_token_id)
         self.chunk_size = config.chunk_size
         self.decode_buckets = decode_buckets(config.max_concurrency)
@@ -235,10 +236,28 @@ class SimProgram:
         """The id the cost model's logits favour after `token` at `position`."""
         return (31 * token + 17 * position + 7) % min(self.vocab_size, 1000)
 
-    def _logits(self, token: int, position: int) -> np.ndarray:
-        out = np.zeros(self.vocab_size, np.float32)
-        out[self._pick(token, position)] = 10.0
+    def _block(self, picks: list[int]) -> np.ndarray:
+        """Logits `[len(picks), V]`: 10 at each row's pick, 0 elsewhere. One zeroed buffer is
+        kept and only the previous picks are cleared (a real vocabulary is 150k wide: zeroing
+        it every cycle was a large part of a replay); the view handed out is read-only and
+        valid until the next step, which is as long as the engine reads a step's logits."""
+        n = len(picks)
+        buf = self._buf
+        if buf is None or buf.shape[0] < n:
+            buf = self._buf = np.zeros((max(n, self.decode_buckets[-1]), self.vocab_size), np.float32)
+            self._set = ((), ())
+        rows, cols = self._set
+        if len(rows):
+            buf[rows, cols] = 0.0
+        rows = np.arange(n)
+        buf[rows, picks] = 10.0
+        self._set = (rows, np.asarray(picks))
+        out = buf[:n]
+        out.flags.writeable = False
         return out
+
+    def _logits(self, token: int, position: int) -> np.ndarray:
+        return self._block([self._pick(token, position)])[0]
 
     def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int) -> np.ndarray:
         if not 0 < len(tokens) <= self.chunk_size:
@@ -249,7 +268,4 @@ class SimProgram:
     def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
         bucket = next(b for b in self.decode_buckets if b >= len(rows))
         self.sim_seconds += self.cost.decode_fixed + self.cost.decode_per_row * bucket
-        # one zeroed block for the batch (a real vocabulary is 150k wide: no per-row copies)
-        out = np.zeros((len(rows), self.vocab_size), np.float32)
-        out[np.arange(len(rows)), [self._pick(r.token, r.position) for r in rows]] = 10.0
-        return out
+        return self._block([self._pick(r.token, r.position) for r in rows])

@@ -478,3 +478,54 @@ def test_sch9_the_prefill_turn_applies_again_when_a_demotion_lands_after_decode(
     _check_equal_cold(cold, [(_ids(50, 40), SP_LONG)] + work, [a, b])
     e.program.stores.transfers.hold_polls = 0
     assert_idle_and_empty(e)
+
+
+def test_sch9_reclamation_in_a_transaction_takes_what_costs_nothing(tiny_model, cold):
+    """SCH-9, TXN-1: while a demotion holds the transaction slot, a decoding row that needs a
+    page on a full Main KV takes one from content already replicated on the Host (a loss-free
+    drop, RCL-1) and keeps decoding, instead of waiting for the transaction to end. Content
+    with no Host copy is not deleted meanwhile."""
+    e = _engine(tiny_model, c=2, kv_capacity=5 * 64)
+    x, y = _ids(600, 120), _ids(601, 50)
+    for p in (x, y):
+        h = e.submit(p, SP)
+        run_until_done(e, [h])
+        _check_equal_cold(cold, [(p, SP)], [h])
+    state = e.program.state
+    cps = e.core.reuse.cache.checkpoints
+
+    def cached_objects(prompt):
+        return sorted({o for c in cps.values() if tuple(c.identity.tokens[:len(prompt)]) == tuple(prompt)[:c.frontier]
+                       for o in c.object_ids() if state.objects[o].device is not None})
+    xo, yo = cached_objects(x), cached_objects(y)
+    assert xo and yo and not set(xo) & set(yo)
+    # x's content replicated on the Host (its Device copies kept), the copy run to its end.
+    e.core.reuse.apply(ledger.plan_begin_transfer(state, ledger.TransferRequest(
+        ledger.TxnKind.DEMOTION, ("reclaim",), xo, ledger.HOST_MEDIUM, drop_source=False)))
+    e.core.reuse.drive_transaction()
+    e.check_integrity()
+    assert all(e.program.state.objects[o].host is not None for o in xo)
+    a = _decoding(e, seed=602, n=40)  # 40 + 30 tokens: its second page is needed at token 64
+    free = e.program.check_integrity().pools[ledger.MAIN_KV]
+    assert free["used"] == free["capacity"], f"Main KV is full before A crosses its page: {free}"
+    # y's demotion holds the slot for many cycles.
+    e.program.stores.transfers.hold_polls = 3 * 40
+    e.core.reuse.apply(ledger.plan_begin_transfer(e.program.state, ledger.TransferRequest(
+        ledger.TxnKind.DEMOTION, ("reclaim",), yo, ledger.HOST_MEDIUM, drop_source=True)))
+    e.core.reuse.txns.adopt()
+    out = []
+    while not a.done():
+        _step(e)
+        if _txn(e) is None:
+            break
+        if _req(e, a) is not None:
+            out.append(len(_req(e, a).output))
+    assert _txn(e) is not None and a.done(), "A finished while the demotion was still in flight"
+    assert out == sorted(set(out)), f"A decoded every cycle meanwhile: {out}"
+    assert any(e.program.state.objects[o].device is None for o in xo if o in e.program.state.objects), \
+        "a replicated page gave its Device copy up"
+    assert all(e.program.state.objects[o].device is not None for o in yo), "nothing unreplicated was deleted"
+    e.program.stores.transfers.hold_polls = 0
+    _until(e, lambda: _txn(e) is None)
+    _check_equal_cold(cold, [(_ids(602, 40), SP_LONG)], [a])
+    assert_idle_and_empty(e)
