@@ -16,14 +16,23 @@ BACKENDS = ("xla", "pallas", "interpret")
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
+class KernelArgumentError(ValueError):
+    """A kernel wrapper's argument of the wrong shape or dtype, or an unknown backend.
+
+    Raised by the wrappers' static checks, which read only shapes and dtypes: under jit they
+    run once, at trace time, so a compiled step pays nothing for them. The message names the
+    argument, where XLA would report an anonymous operand deep inside the kernel.
+    """
+
+
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        raise KernelArgumentError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     return backend
 
 
-def shape_error(name: str, shape, expected: str) -> ValueError:
-    return ValueError(f"{name} has shape {tuple(shape)}, expected {expected}")
+def shape_error(name: str, shape, expected: str) -> KernelArgumentError:
+    return KernelArgumentError(f"{name} has shape {tuple(shape)}, expected {expected}")
 
 
 def check_ndim(name: str, x, ndim: int, expected: str) -> None:
@@ -33,7 +42,18 @@ def check_ndim(name: str, x, ndim: int, expected: str) -> None:
 
 def check_int(name: str, x) -> None:
     if not jnp.issubdtype(x.dtype, jnp.integer):
-        raise ValueError(f"{name} must be an integer array, got dtype {x.dtype}")
+        raise KernelArgumentError(f"{name} must be an integer array, got dtype {x.dtype}")
+
+
+def check_float(name: str, x) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise KernelArgumentError(f"{name} must be a floating array, got dtype {x.dtype}")
+
+
+def check_float32(name: str, x) -> None:
+    """Recurrent states stay float32 whatever the model dtype (their error compounds per token)."""
+    if x.dtype != jnp.float32:
+        raise KernelArgumentError(f"{name} must be float32, got dtype {x.dtype}")
 
 
 def check_dims(name: str, x, expected_dims: Sequence[int | None], expected: str) -> None:

@@ -11,8 +11,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels._common import (
+    KernelArgumentError,
     check_backend,
     check_dims,
+    check_float,
     check_int,
     check_ndim,
     largest_pow2_divisor,
@@ -32,7 +34,8 @@ _f32 = jnp.float32
 def _validate_weight(weight, c):
     check_ndim("weight", weight, 2, "[C, K]")
     if weight.shape[0] != c or weight.shape[1] < 2:
-        raise ValueError(f"weight has shape {weight.shape}, expected [{c}, K] with K >= 2")
+        raise KernelArgumentError(f"weight has shape {weight.shape}, expected [{c}, K] with K >= 2")
+    check_float("weight", weight)
 
 
 def _validate_prefill(x, conv_state, weight, lengths):
@@ -43,6 +46,8 @@ def _validate_prefill(x, conv_state, weight, lengths):
     check_dims("conv_state", conv_state, (r, kk - 1, c), f"[{r}, {kk - 1}, {c}]")
     check_dims("lengths", lengths, (r,), f"[{r}]")
     check_int("lengths", lengths)
+    check_float("x", x)
+    check_float("conv_state", conv_state)
 
 
 def _validate_update(x, conv_state, weight):
@@ -51,6 +56,8 @@ def _validate_update(x, conv_state, weight):
     _validate_weight(weight, c)
     kk = weight.shape[1]
     check_dims("conv_state", conv_state, (b, kk - 1, c), f"[{b}, {kk - 1}, {c}]")
+    check_float("x", x)
+    check_float("conv_state", conv_state)
 
 
 # ----------------------------------------------------------------------------- references

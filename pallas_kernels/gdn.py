@@ -30,8 +30,11 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._common import (
     HIGHEST,
+    KernelArgumentError,
     check_backend,
     check_dims,
+    check_float,
+    check_float32,
     check_ndim,
     dot,
     dot_tn,
@@ -62,8 +65,10 @@ def _validate_chunk(q, k, v, g, beta, initial_state, chunk_size):
     check_dims("g", g, (r, t, h), f"[{r}, {t}, {h}]")
     check_dims("beta", beta, (r, t, h), f"[{r}, {t}, {h}]")
     check_dims("initial_state", initial_state, (r, h, dk, dv), f"[{r}, {h}, {dk}, {dv}]")
+    _check_dtypes(q=q, k=k, v=v, g=g, beta=beta)
+    check_float32("initial_state", initial_state)
     if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        raise KernelArgumentError(f"chunk_size must be a positive int, got {chunk_size!r}")
 
 
 def _validate_step(q, k, v, g, beta, state):
@@ -76,6 +81,13 @@ def _validate_step(q, k, v, g, beta, state):
     check_dims("g", g, (b, h), f"[{b}, {h}]")
     check_dims("beta", beta, (b, h), f"[{b}, {h}]")
     check_dims("state", state, (b, h, dk, dv), f"[{b}, {h}, {dk}, {dv}]")
+    _check_dtypes(q=q, k=k, v=v, g=g, beta=beta)
+    check_float32("state", state)
+
+
+def _check_dtypes(**arrays):
+    for name, x in arrays.items():
+        check_float(name, x)
 
 
 # ----------------------------------------------------------------------------- references
@@ -219,11 +231,11 @@ def _check_gpu_shapes(chunk_size, dk, dv):
     # Triton needs power-of-two tensors and matmul dims >= 16.
     bv = largest_pow2_divisor(dv, _BLOCK_V)
     if not (is_pow2(chunk_size) and chunk_size >= 16):
-        raise ValueError(f"backend 'pallas' needs chunk_size a power of two >= 16, got {chunk_size}")
+        raise KernelArgumentError(f"backend 'pallas' needs chunk_size a power of two >= 16, got {chunk_size}")
     if not (is_pow2(dk) and dk >= 16):
-        raise ValueError(f"backend 'pallas' needs Dk a power of two >= 16, got Dk={dk}")
+        raise KernelArgumentError(f"backend 'pallas' needs Dk a power of two >= 16, got Dk={dk}")
     if bv < 16:
-        raise ValueError(f"backend 'pallas' needs Dv divisible by 16, got Dv={dv}")
+        raise KernelArgumentError(f"backend 'pallas' needs Dv divisible by 16, got Dv={dv}")
 
 
 def _unit_lower_inverse(a):
@@ -324,7 +336,7 @@ def _step_pallas(q, k, v, g, beta, state, *, interpret):
     dv = v.shape[-1]
     bv = largest_pow2_divisor(dv, _BLOCK_V)
     if not interpret and not (is_pow2(dk) and bv >= 16):
-        raise ValueError(f"backend 'pallas' needs Dk a power of two and Dv divisible by 16, got {dk}, {dv}")
+        raise KernelArgumentError(f"backend 'pallas' needs Dk a power of two and Dv divisible by 16, got {dk}, {dv}")
     whole = pl.BlockSpec((b, h), lambda i, j, c: (0, 0))
     s_spec = pl.BlockSpec((None, None, dk, bv), lambda i, j, c: (i, j, 0, c))
     return pl.pallas_call(

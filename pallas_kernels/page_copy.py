@@ -9,7 +9,14 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels._common import check_backend, check_dims, check_int, largest_pow2_divisor, pallas_params
+from pallas_kernels._common import (
+    KernelArgumentError,
+    check_backend,
+    check_dims,
+    check_int,
+    largest_pow2_divisor,
+    pallas_params,
+)
 
 # Elements moved per program: a power of two (Triton) that divides the row size exactly,
 # so no masked tail is needed. Rows whose size has no large power-of-two factor still work,
@@ -22,13 +29,13 @@ _MAX_BLOCK = 2048
 
 def _check_index(name, idx):
     if len(idx.shape) != 1:
-        raise ValueError(f"{name} has shape {idx.shape}, expected [M]")
+        raise KernelArgumentError(f"{name} has shape {idx.shape}, expected [M]")
     check_int(name, idx)
 
 
 def _check_pool(pool):
     if len(pool.shape) < 1:
-        raise ValueError(f"pool has shape {pool.shape}, expected [N, ...]")
+        raise KernelArgumentError(f"pool has shape {pool.shape}, expected [N, ...]")
 
 
 # ----------------------------------------------------------------------------- references
@@ -103,7 +110,7 @@ def copy(
     _check_index("src", src)
     _check_index("dst", dst)
     if src.shape != dst.shape:
-        raise ValueError(f"src has shape {src.shape} but dst has shape {dst.shape}; expected equal [M]")
+        raise KernelArgumentError(f"src has shape {src.shape} but dst has shape {dst.shape}; expected equal [M]")
     if backend == "xla":
         return copy_reference(pool, src, dst)
     return _copy_pallas(pool, src, dst, interpret=backend == "interpret")

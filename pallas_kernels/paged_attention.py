@@ -18,8 +18,10 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels._common import (
     HIGHEST,
+    KernelArgumentError,
     check_backend,
     check_dims,
+    check_float,
     check_int,
     check_ndim,
     dot,
@@ -39,16 +41,17 @@ _NEG = -1e30
 def _check_pools(k_pages, v_pages):
     check_ndim("k_pages", k_pages, 4, "[num_pages, page_size, kv_heads, head_dim]")
     if v_pages.shape != k_pages.shape:
-        raise ValueError(f"v_pages has shape {v_pages.shape}, expected k_pages' shape {k_pages.shape}")
+        raise KernelArgumentError(f"v_pages has shape {v_pages.shape}, expected k_pages' shape {k_pages.shape}")
+    check_float("k_pages", k_pages)
     if v_pages.dtype != k_pages.dtype:
-        raise ValueError(f"v_pages dtype {v_pages.dtype} differs from k_pages dtype {k_pages.dtype}")
+        raise KernelArgumentError(f"v_pages dtype {v_pages.dtype} differs from k_pages dtype {k_pages.dtype}")
 
 
 def _check_rows(page_table, rows, **per_row):
     check_ndim("page_table", page_table, 2, "[R, P]")
     check_int("page_table", page_table)
     if page_table.shape[0] != rows:
-        raise ValueError(f"page_table has shape {page_table.shape}, expected [{rows}, P]")
+        raise KernelArgumentError(f"page_table has shape {page_table.shape}, expected [{rows}, P]")
     for name, x in per_row.items():
         check_dims(name, x, (rows,), f"[{rows}]")
         check_int(name, x)
@@ -61,6 +64,8 @@ def _validate_write(k_pages, v_pages, k_new, v_new, page_table, start_pos, lengt
     r, t = k_new.shape[:2]
     check_dims("k_new", k_new, (r, t, hkv, d), f"[R, T, {hkv}, {d}]")
     check_dims("v_new", v_new, k_new.shape, f"{list(k_new.shape)} (k_new's shape)")
+    check_float("k_new", k_new)
+    check_float("v_new", v_new)
     _check_rows(page_table, r, start_pos=start_pos, lengths=lengths)
 
 
@@ -71,11 +76,12 @@ def _validate_attn(q, k_pages, v_pages, page_table, has_t: bool, **per_row):
         check_ndim("q", q, 4, "[R, T, Hq, head_dim]")
     else:
         check_ndim("q", q, 3, "[B, Hq, head_dim]")
+    check_float("q", q)
     hq = q.shape[-2]
     if q.shape[-1] != d:
-        raise ValueError(f"q has shape {q.shape}, its head_dim must equal k_pages' head_dim {d}")
+        raise KernelArgumentError(f"q has shape {q.shape}, its head_dim must equal k_pages' head_dim {d}")
     if hq % hkv:
-        raise ValueError(f"q has {hq} heads (shape {q.shape}), not a multiple of kv_heads {hkv}")
+        raise KernelArgumentError(f"q has {hq} heads (shape {q.shape}), not a multiple of kv_heads {hkv}")
     _check_rows(page_table, q.shape[0], **per_row)
 
 
@@ -228,7 +234,7 @@ _MAX_SPLITS = 16  # decode: key ranges per (row, kv head) processed in parallel
 def _check_gpu_pool(k_pages):
     _, ps, _, d = k_pages.shape
     if not (is_pow2(ps) and ps >= 16 and is_pow2(d) and d >= 16):
-        raise ValueError(
+        raise KernelArgumentError(
             f"backend 'pallas' needs page_size and head_dim powers of two >= 16, got k_pages {k_pages.shape}"
         )
 
@@ -256,7 +262,7 @@ def _write_kv_kernel(pt_ref, start_ref, len_ref, kn_ref, vn_ref, kp_ref, vp_ref,
 def _write_kv_pallas(k_pages, v_pages, k_new, v_new, page_table, start_pos, lengths, *, interpret):
     r, t, hkv, d = k_new.shape
     if not interpret and not is_pow2(d):
-        raise ValueError(f"backend 'pallas' needs head_dim a power of two, got k_pages {k_pages.shape}")
+        raise KernelArgumentError(f"backend 'pallas' needs head_dim a power of two, got k_pages {k_pages.shape}")
     whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
     tok = pl.BlockSpec((None, None, hkv, d), lambda i, j: (i, j, 0, 0))
     return pl.pallas_call(

@@ -6,8 +6,6 @@ full-attention layer.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ninfer_jax.model.config import ModelConfig, parse_config
 
 NAME = "builtin:tiny-hybrid"
@@ -41,27 +39,9 @@ def config() -> ModelConfig:
 
 
 def params(cfg: ModelConfig, dtype) -> dict:
-    """Deterministic weights: fan-in scaled normals, norm offsets around 0 (zero-centred norms),
-    GDN decay parameters in their trained ranges."""
-    from ninfer_jax.model.weights import param_shapes
+    """Deterministic weights (`modules.init_params`' style, seed `SEED`): fan-in scaled
+    normals, norm offsets around 0 (zero-centred norms), GDN decay parameters in their trained
+    ranges. Cast once from float64 to `dtype`."""
+    from ninfer_jax.model.modules import init_params
 
-    rng = np.random.default_rng(SEED)
-
-    def leaf(name: str, shape: tuple) -> np.ndarray:
-        if name == "A_log":
-            return np.log(rng.uniform(1.0, 16.0, shape))
-        if name == "dt_bias":
-            return rng.uniform(-1.0, 1.0, shape)
-        if name.endswith("norm") and name != "norm" or name in ("input_norm", "post_norm"):
-            return rng.normal(0.0, 0.1, shape)
-        if name == "norm" and len(shape) == 1:  # GDN output norm and the final norm
-            return rng.normal(0.0 if shape[0] == cfg.hidden_size else 1.0, 0.1, shape)
-        if name == "embed":
-            return rng.normal(0.0, 0.15, shape)
-        fan_in = shape[-2] if len(shape) >= 2 else shape[0]
-        return rng.normal(0.0, fan_in ** -0.5, shape)
-
-    shapes = param_shapes(cfg)
-    out = {k: leaf(k, v).astype(dtype) for k, v in shapes.items() if k != "layers"}
-    out["layers"] = [{k: leaf(k, v).astype(dtype) for k, v in layer.items()} for layer in shapes["layers"]]
-    return out
+    return init_params(cfg, SEED, dtype)[0]

@@ -1,8 +1,9 @@
 """`load_model` and the whole-sequence reference forward pass.
 
 `Model.forward(token_ids)` runs one uncached pass with dense causal attention and the
-token-by-token delta rule: the reference that every cached path (paged steps, reuse, replay)
-is compared with. It shares nothing with the paged steps but the per-layer projections.
+token-by-token delta rule (`modules.HybridLM.__call__`): the reference that every cached path
+(paged steps, reuse, replay) is compared with. It shares nothing with the paged steps but the
+modules' per-layer projections, outputs and feed-forward.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.errors import ConfigError, RequestError
-from ninfer_jax.model import builtin, layers as L
-from ninfer_jax.model.config import LINEAR, ModelConfig, declared_dtype, load_config, parse_config, read_config_json
+from ninfer_jax.model import builtin
+from ninfer_jax.model.config import ModelConfig, declared_dtype, load_config, parse_config, read_config_json
+from ninfer_jax.model.modules import HybridLM, Merger, lm_head_logits, split
 from ninfer_jax.model.weights import ShardProgress, load_params, stored_dtype
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -32,18 +34,31 @@ log = logging.getLogger("ninfer_jax.model")
 
 @dataclasses.dataclass
 class Model:
-    """A loaded model: config, parameters (a pytree of device arrays) and MTP tensors."""
+    """A loaded model: config, parameters (a pytree of device arrays) and MTP tensors.
+
+    `params` stays the loader's dict (every caller reads it); the nnx module over the same
+    arrays (`functional`: split once, no copies) is what the forward pass and the steps run.
+    """
 
     config: ModelConfig
     params: dict
     dtype: jnp.dtype
     name: str
     mtp: dict | None = None  # kept by name for the speculative backend
+    _split: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def dtype_name(self) -> str:
         """"float32" or "bfloat16"."""
         return jnp.dtype(self.dtype).name
+
+    @property
+    def functional(self) -> tuple[Merger, tuple]:
+        """(merger, leaves) of `HybridLM(config, params)`: `merger(leaves)` inside a jitted
+        function is the module. Rebuilt only if `params` is replaced."""
+        if self._split is None or self._split[0] is not self.params:
+            self._split = (self.params, *split(HybridLM(self.config, self.params)))
+        return self._split[1], self._split[2]
 
     def forward(self, token_ids) -> jax.Array:
         """Logits `[T, vocab]` (float32) of one whole uncached pass over `token_ids` `[T]`."""
@@ -54,33 +69,21 @@ class Model:
         if bad.any():
             raise RequestError(f"token id {int(np.asarray(tokens)[bad][0])} outside the vocabulary "
                                f"[0, {self.config.vocab_size})")
-        return _forward(self.params, tokens, self.config)
+        merger, leaves = self.functional
+        return _forward(merger, leaves, tokens)
 
 
 def lm_head(params: dict, x: jax.Array) -> jax.Array:
     """Final hidden `[..., H]` → logits `[..., V]` in float32 (tied or separate head)."""
-    w = params["lm_head"] if "lm_head" in params else params["embed"].T
-    return L.matmul(x, w).astype(jnp.float32)
+    return lm_head_logits(params["embed"], params.get("lm_head"), x)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _forward(params: dict, tokens: jax.Array, cfg: ModelConfig) -> jax.Array:
-    x = params["embed"][tokens]
-    positions = jnp.arange(tokens.shape[0])
-    for i, p in enumerate(params["layers"]):
-        h = L.rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
-        if cfg.layer_types[i] == LINEAR:
-            mixed, z, b, a = L.gdn_project(p, h, cfg)
-            mixed = L.conv_reference(mixed, p["conv"])
-            q, k, v, g, beta = L.gdn_gates(p, mixed, b, a, cfg)
-            o, _ = L.delta_rule_reference(q, k, v, g, beta)
-            h = L.gdn_output(p, o, z, cfg)
-        else:
-            q, k, v, gate = L.attention_project(p, h, positions, cfg)
-            h = L.attention_output(p, L.dense_causal_attention(q, k, v), gate)
-        x = x + h
-        x = x + L.feed_forward(p, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps), cfg.mlp_types[i], cfg)
-    return lm_head(params, L.rms_norm(x, params["norm"], cfg.rms_norm_eps))
+@functools.partial(jax.jit, static_argnames=("merger",))
+def _forward(merger: Merger, leaves: tuple, tokens: jax.Array) -> jax.Array:
+    """The whole-sequence reference: `HybridLM.__call__` (dense causal attention, token-by-token
+    delta rule)."""
+    logits, _ = merger(leaves)(tokens)
+    return logits
 
 
 def checkpoint_dtype(path_or_name: str) -> str:

@@ -13,6 +13,13 @@ frontier `start_pos` with `lengths[r]` valid tokens (0 = padding row). `decode_s
 token for each of B rows. Rows address their KV through `page_table` and their state through
 `slots`; a negative slot (padding) reads zeros and writes nothing. A row whose `start_pos` is 0
 starts from the zero state whatever its slot holds.
+
+The steps run the model's nnx modules (`modules.HybridLM`, merged inside the jitted function
+from the split made once at load): embedding, per-layer projections, outputs, feed-forward,
+final norm and head are the modules' methods; only the paged token-mixer cores (conv with a
+rolling state, chunked delta rule, paged attention) are the step's own. Arguments are checked
+statically against the config (`check_prefill_args`, `check_decode_args`): a misshapen one
+raises `StepArgumentError` naming it, at trace time.
 """
 from __future__ import annotations
 
@@ -22,12 +29,13 @@ import logging
 import sys
 import time
 
+import chex
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.model import layers as L
 from ninfer_jax.model.config import LINEAR, ModelConfig
-from ninfer_jax.model.model import Model, lm_head
+from ninfer_jax.model.model import Model
+from ninfer_jax.model.modules import HybridLM, Merger
 from pallas_kernels import conv1d, gdn, page_copy, paged_attention
 
 PAGE_SIZE = 64  # Main KV tokens per page
@@ -73,91 +81,172 @@ def _set_layer(kv: dict, a: int, k_pages, v_pages) -> dict:
     return {"k": tuple(k), "v": tuple(v)}
 
 
+class StepArgumentError(ValueError):
+    """A step argument of the wrong shape or dtype, named. The checks read only static shapes
+    and dtypes, so inside jit they run once per trace (a compiled step pays nothing)."""
+
+
+def _arg(where: str, name: str, x, shape=None, kind=None, rank=None) -> None:
+    """chex static checks of one argument, failing with a StepArgumentError that names it."""
+    what = f"argument {name!r} of {where}"
+    if rank is not None:
+        chex.assert_rank(x, rank, custom_message=f"{what}: expected rank {rank}", exception_type=StepArgumentError)
+    if shape is not None:
+        shown = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
+        chex.assert_shape(x, shape, custom_message=f"{what}: expected shape {shown}", exception_type=StepArgumentError)
+    if kind is not None:
+        chex.assert_type(x, kind, custom_message=f"{what}: expected {'an integer' if kind is int else kind} dtype",
+                         exception_type=StepArgumentError)
+
+
+def check_pools(kv, state, cfg: ModelConfig, where: str = "the step") -> None:
+    """The pools match `cfg` (`init_pools`' layout): one KV pair per attention layer, one conv
+    and one float32 recurrent state per GDN layer, every slot pool of the same length."""
+    n_attn, n_lin = len(cfg.attention_layers), len(cfg.linear_layers)
+    for key, n, pool in (("k", n_attn, kv.get("k")), ("v", n_attn, kv.get("v")),
+                         ("conv", n_lin, state.get("conv")), ("recurrent", n_lin, state.get("recurrent"))):
+        if not isinstance(pool, (tuple, list)) or len(pool) != n:
+            got = "nothing" if pool is None else (f"{len(pool)}" if isinstance(pool, (tuple, list))
+                                                  else type(pool).__name__)
+            layer = "attention" if key in ("k", "v") else "GDN"
+            raise StepArgumentError(f"pool {key!r} of {where}: expected a tuple of {n} arrays (one per "
+                                    f"{layer} layer), got {got}")
+    kv_shape = (None, PAGE_SIZE, cfg.num_key_value_heads, cfg.head_dim)
+    for a in range(n_attn):
+        _arg(where, f"kv['k'][{a}]", kv["k"][a], kv_shape, float)
+        _arg(where, f"kv['v'][{a}]", kv["v"][a], tuple(kv["k"][a].shape), float)
+    if "hidden" not in state:
+        raise StepArgumentError(f"pool 'hidden' of {where}: missing")
+    slots = state["hidden"].shape[0] if len(state["hidden"].shape) else None
+    _arg(where, "state['hidden']", state["hidden"], (slots, cfg.hidden_size), float)
+    conv = (slots, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim)
+    rec = (slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+    for j in range(n_lin):
+        _arg(where, f"state['conv'][{j}]", state["conv"][j], conv, float)
+        _arg(where, f"state['recurrent'][{j}]", state["recurrent"][j], rec, jnp.float32)
+
+
+def check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg: ModelConfig) -> None:
+    where = "prefill_chunk"
+    _arg(where, "tokens", tokens, rank=2, kind=int)
+    r = tokens.shape[0]
+    for name, x in (("start_pos", start_pos), ("lengths", lengths), ("slots", slots)):
+        _arg(where, name, x, (r,), int)
+    _arg(where, "page_table", page_table, (r, None), int)
+    check_pools(kv, state, cfg, where)
+
+
+def check_decode_args(kv, state, tokens, positions, page_table, slots, cfg: ModelConfig) -> None:
+    where = "decode_step"
+    _arg(where, "tokens", tokens, rank=1, kind=int)
+    b = tokens.shape[0]
+    for name, x in (("positions", positions), ("slots", slots)):
+        _arg(where, name, x, (b,), int)
+    _arg(where, "page_table", page_table, (b, None), int)
+    check_pools(kv, state, cfg, where)
+
+
+def _module(params, cfg: ModelConfig, merger: Merger | None) -> HybridLM:
+    """The model inside a traced step: `merger(leaves)` (the nnx split made once at load), or,
+    for a direct caller passing the params dict, a module built over it."""
+    return merger(params) if merger is not None else HybridLM(cfg, params)
+
+
 def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slots, *,
-                  cfg: ModelConfig, backend: str = "xla", all_logits: bool = False):
-    """tokens `[R, T]`, start_pos/lengths/slots `[R]`, page_table `[R, P]`.
+                  cfg: ModelConfig, backend: str = "xla", all_logits: bool = False,
+                  merger: Merger | None = None):
+    """tokens `[R, T]`, start_pos/lengths/slots `[R]`, page_table `[R, P]`; `params` the
+    model's split leaves with their `merger`, or the params dict (merger None).
 
     Returns (logits, hidden, kv, state): logits `[R, V]` at each row's last valid token (or
     `[R, T, V]` with all_logits), hidden `[R, H]` the continuation hidden of that token.
     """
+    check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg)
+    lm = _module(params, cfg, merger)
     r, t = tokens.shape
     valid = jnp.arange(t)[None, :] < lengths[:, None]  # [R, T]
     writes = jnp.where(lengths > 0, slots, -1)
     fresh = start_pos == 0
     positions = start_pos[:, None] + jnp.arange(t)[None, :]
-    x = params["embed"][tokens]
+    x = lm.embed_tokens(tokens)
     lin = attn = 0
-    for i, p in enumerate(params["layers"]):
-        h = L.rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
-        if cfg.layer_types[i] == LINEAR:
+    for layer in lm.layers:
+        h = layer.mixer_norm(x)
+        if layer.kind == LINEAR:
             conv_state, rec_state = _read_state(state, lin, slots, fresh, backend)
-            mixed, z, b, a = L.gdn_project(p, h, cfg)
-            mixed, conv_state = conv1d.causal_conv1d_prefill(mixed, conv_state, p["conv"], lengths, backend=backend)
-            q, k, v, g, beta = L.gdn_gates(p, mixed, b, a, cfg)
+            mixed, z, b, a = layer.gdn_project(h)
+            mixed, conv_state = conv1d.causal_conv1d_prefill(mixed, conv_state, layer.conv[...], lengths,
+                                                             backend=backend)
+            q, k, v, g, beta = layer.gdn_gates(mixed, b, a)
             # Padding tokens must leave the recurrent state untouched: decay 1, no update.
             g = jnp.where(valid[..., None], g, 0.0)
             beta = jnp.where(valid[..., None], beta, 0.0)
             k = jnp.where(valid[..., None, None], k, 0.0)
             o, rec_state = gdn.chunk_gated_delta_rule(q, k, v, g, beta, rec_state, chunk_size=GDN_CHUNK,
                                                       backend=backend)
-            h = L.gdn_output(p, o, z, cfg)
+            h = layer.gdn_output(o, z)
             state = _write_state(state, lin, writes, conv_state, rec_state, backend)
             lin += 1
         else:
-            q, k, v, gate = L.attention_project(p, h, positions, cfg)
+            q, k, v, gate = layer.attention_project(h, positions)
             k_pages, v_pages = paged_attention.write_kv(kv["k"][attn], kv["v"][attn], k, v, page_table,
                                                         start_pos, lengths, backend=backend)
             o = paged_attention.prefill_attention(q, k_pages, v_pages, page_table, start_pos, lengths,
                                                   scale=cfg.head_dim ** -0.5, backend=backend)
-            h = L.attention_output(p, o, gate)
+            h = layer.attention_output(o, gate)
             kv = _set_layer(kv, attn, k_pages, v_pages)
             attn += 1
-        x = x + h
-        x = x + L.feed_forward(p, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps), cfg.mlp_types[i], cfg)
-    final = L.rms_norm(x, params["norm"], cfg.rms_norm_eps)  # [R, T, H]
+        x = layer.feed_forward(x + h)
+    final = lm.final_norm(x)  # [R, T, H]
     last = final[jnp.arange(r), jnp.maximum(lengths - 1, 0)]
     state = dict(state, hidden=page_copy.scatter(state["hidden"], writes, last, backend=backend))
-    logits = lm_head(params, final if all_logits else last)
+    logits = lm.logits(final if all_logits else last)
     return logits, last, kv, state
 
 
 def decode_step(params, kv, state, tokens, positions, page_table, slots, *,
-                cfg: ModelConfig, backend: str = "xla"):
+                cfg: ModelConfig, backend: str = "xla", merger: Merger | None = None):
     """tokens/positions/slots `[B]`, page_table `[B, P]`; a row with a negative slot is padding.
+    `params` as for `prefill_chunk`.
 
     Returns (logits `[B, V]`, hidden `[B, H]`, kv, state).
     """
+    check_decode_args(kv, state, tokens, positions, page_table, slots, cfg)
+    lm = _module(params, cfg, merger)
     active = slots >= 0
     fresh = positions == 0
-    x = params["embed"][tokens]
+    x = lm.embed_tokens(tokens)
     lin = attn = 0
-    for i, p in enumerate(params["layers"]):
-        h = L.rms_norm(x, p["input_norm"], cfg.rms_norm_eps)
-        if cfg.layer_types[i] == LINEAR:
+    for layer in lm.layers:
+        h = layer.mixer_norm(x)
+        if layer.kind == LINEAR:
             conv_state, rec_state = _read_state(state, lin, slots, fresh, backend)
-            mixed, z, b, a = L.gdn_project(p, h, cfg)
-            mixed, conv_state = conv1d.causal_conv1d_update(mixed, conv_state, p["conv"], backend=backend)
-            q, k, v, g, beta = L.gdn_gates(p, mixed, b, a, cfg)
+            mixed, z, b, a = layer.gdn_project(h)
+            mixed, conv_state = conv1d.causal_conv1d_update(mixed, conv_state, layer.conv[...], backend=backend)
+            q, k, v, g, beta = layer.gdn_gates(mixed, b, a)
             o, rec_state = gdn.recurrent_gated_delta_rule_step(q, k, v, g, beta, rec_state, backend=backend)
-            h = L.gdn_output(p, o, z, cfg)
+            h = layer.gdn_output(o, z)
             state = _write_state(state, lin, slots, conv_state, rec_state, backend)
             lin += 1
         else:
-            q, k, v, gate = L.attention_project(p, h, positions, cfg)
+            q, k, v, gate = layer.attention_project(h, positions)
             k_pages, v_pages = paged_attention.write_kv(
                 kv["k"][attn], kv["v"][attn], k[:, None], v[:, None], page_table, positions,
                 active.astype(jnp.int32), backend=backend)
             o = paged_attention.decode_attention(q, k_pages, v_pages, page_table,
                                                  jnp.where(active, positions + 1, 0),
                                                  scale=cfg.head_dim ** -0.5, backend=backend)
-            h = L.attention_output(p, o, gate)
+            h = layer.attention_output(o, gate)
             kv = _set_layer(kv, attn, k_pages, v_pages)
             attn += 1
-        x = x + h
-        x = x + L.feed_forward(p, L.rms_norm(x, p["post_norm"], cfg.rms_norm_eps), cfg.mlp_types[i], cfg)
-    final = L.rms_norm(x, params["norm"], cfg.rms_norm_eps)
+        x = layer.feed_forward(x + h)
+    final = lm.final_norm(x)
     state = dict(state, hidden=page_copy.scatter(state["hidden"], slots, final, backend=backend))
-    return lm_head(params, final), final, kv, state
+    return lm.logits(final), final, kv, state
+
+
+def _pool_signature(kv, state) -> tuple:
+    return tuple((tuple(a.shape), jnp.dtype(a.dtype).name) for a in jax.tree.leaves((kv, state)))
 
 
 @dataclasses.dataclass
@@ -180,15 +269,18 @@ class CompiledSteps:
         self.compilations: list[Compilation] = []
         self._executables: dict[tuple, object] = {}
         self._pools: tuple | None = None  # shapes and dtypes of the pools the executables take
+        self._compiled_pools: tuple | None = None  # those of the first compilation (for error messages)
         cfg = model.config
-        self._prefill = jax.jit(functools.partial(prefill_chunk, cfg=cfg, backend=backend),
+        merger, _ = model.functional
+        self._prefill = jax.jit(functools.partial(prefill_chunk, cfg=cfg, backend=backend, merger=merger),
                                 static_argnames=("all_logits",), donate_argnums=(1, 2))
-        self._decode = jax.jit(functools.partial(decode_step, cfg=cfg, backend=backend), donate_argnums=(1, 2))
+        self._decode = jax.jit(functools.partial(decode_step, cfg=cfg, backend=backend, merger=merger),
+                               donate_argnums=(1, 2))
 
     def bind_pools(self, kv, state) -> None:
         """Declare the pools these steps will run on. Buckets are keyed by the per-call shapes
         only, so every Program sharing these steps must have pools of the same shapes."""
-        shapes = tuple((a.shape, jnp.dtype(a.dtype).name) for a in jax.tree.leaves((kv, state)))
+        shapes = _pool_signature(kv, state)
         if self._pools is None:
             self._pools = shapes
         elif self._pools != shapes:
@@ -202,16 +294,30 @@ class CompiledSteps:
             start = time.perf_counter()
             exe = fn.lower(*args, **static).compile()
             seconds = time.perf_counter() - start
+            if self._compiled_pools is None:
+                self._compiled_pools = _pool_signature(args[1], args[2])
             self.compilations.append(Compilation(bucket, seconds))
             self._executables[bucket] = exe
             if self.progress:
                 print(f"[ninfer] compiled {kind} bucket {bucket[1:]} in {seconds:.1f}s", file=sys.stderr)
         return exe
 
+    def _run(self, kind: str, fn, args: tuple, static: dict, check):
+        exe = self._executable(kind, fn, args, static)  # a new bucket traces: the checks run there
+        try:
+            return exe(*args)
+        except (TypeError, ValueError):
+            # A cached executable called with other dtypes or pools: name the argument.
+            check(*args[1:], self.model.config)
+            if self._compiled_pools not in (None, _pool_signature(args[1], args[2])):
+                raise StepArgumentError(f"{kind}: pools of other shapes or dtypes than these steps were compiled "
+                                        "for (another capacity?): build new CompiledSteps for them") from None
+            raise
+
     def prefill(self, kv, state, tokens, start_pos, lengths, page_table, slots, *, all_logits=False):
-        args = (self.model.params, kv, state, tokens, start_pos, lengths, page_table, slots)
-        return self._executable("prefill", self._prefill, args, {"all_logits": all_logits})(*args)
+        args = (self.model.functional[1], kv, state, tokens, start_pos, lengths, page_table, slots)
+        return self._run("prefill", self._prefill, args, {"all_logits": all_logits}, check_prefill_args)
 
     def decode(self, kv, state, tokens, positions, page_table, slots):
-        args = (self.model.params, kv, state, tokens, positions, page_table, slots)
-        return self._executable("decode", self._decode, args, {})(*args)
+        args = (self.model.functional[1], kv, state, tokens, positions, page_table, slots)
+        return self._run("decode", self._decode, args, {}, check_decode_args)

@@ -28,7 +28,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ninfer_jax.errors import CheckpointError
-from ninfer_jax.model.config import LINEAR, ModelConfig
+from ninfer_jax.model.config import FULL, LINEAR, ModelConfig
 
 log = logging.getLogger("ninfer_jax.model")
 
@@ -38,34 +38,54 @@ _PREFIXES = ("model.language_model.", "language_model.model.", "language_model."
 
 def param_shapes(cfg: ModelConfig) -> dict:
     """The shape of every parameter, as the pytree `load_params` returns."""
-    h, d = cfg.hidden_size, cfg.head_dim
-    layers = []
-    for i, kind in enumerate(cfg.layer_types):
-        p = {"input_norm": (h,), "post_norm": (h,)}
-        if kind == LINEAR:
-            hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
-            p.update(in_proj_qkv=(h, cfg.conv_dim), in_proj_z=(h, hv * dv), in_proj_b=(h, hv),
-                     in_proj_a=(h, hv), conv=(cfg.conv_dim, cfg.linear_conv_kernel_dim),
-                     dt_bias=(hv,), A_log=(hv,), norm=(dv,), out_proj=(hv * dv, h))
-        else:
-            hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-            p.update(q_proj=(h, 2 * hq * d), k_proj=(h, hkv * d), v_proj=(h, hkv * d),
-                     o_proj=(hq * d, h), q_norm=(d,), k_norm=(d,))
-        if cfg.mlp_types[i] == "moe":
-            e, im = cfg.num_experts, cfg.moe_intermediate_size
-            p.update(router=(h, e), experts_gate=(e, h, im), experts_up=(e, h, im), experts_down=(e, im, h))
-            if cfg.shared_expert_intermediate_size:
-                s = cfg.shared_expert_intermediate_size
-                p.update(shared_gate_proj=(h, s), shared_up_proj=(h, s), shared_down_proj=(s, h),
-                         shared_expert_gate=(h, 1))
-        else:
-            i_size = cfg.intermediate_size
-            p.update(gate_proj=(h, i_size), up_proj=(h, i_size), down_proj=(i_size, h))
-        layers.append(p)
+    h = cfg.hidden_size
+    layers = [layer_shapes(cfg, kind, cfg.mlp_types[i]) for i, kind in enumerate(cfg.layer_types)]
     shapes = {"embed": (cfg.vocab_size, h), "norm": (h,), "layers": layers}
     if not cfg.tie_word_embeddings:
         shapes["lm_head"] = (h, cfg.vocab_size)
     return shapes
+
+
+def layer_shapes(cfg: ModelConfig, kind: str, mlp_kind: str) -> dict:
+    """One decoder layer's parameter shapes: token mixer `kind` (LINEAR or FULL), feed-forward
+    `mlp_kind` ("dense" or "moe"). Shared by the main layers and the MTP layers."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    p = {"input_norm": (h,), "post_norm": (h,)}
+    if kind == LINEAR:
+        hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+        p.update(in_proj_qkv=(h, cfg.conv_dim), in_proj_z=(h, hv * dv), in_proj_b=(h, hv),
+                 in_proj_a=(h, hv), conv=(cfg.conv_dim, cfg.linear_conv_kernel_dim),
+                 dt_bias=(hv,), A_log=(hv,), norm=(dv,), out_proj=(hv * dv, h))
+    else:
+        hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        p.update(q_proj=(h, 2 * hq * d), k_proj=(h, hkv * d), v_proj=(h, hkv * d),
+                 o_proj=(hq * d, h), q_norm=(d,), k_norm=(d,))
+    if mlp_kind == "moe":
+        e, im = cfg.num_experts, cfg.moe_intermediate_size
+        p.update(router=(h, e), experts_gate=(e, h, im), experts_up=(e, h, im), experts_down=(e, im, h))
+        if cfg.shared_expert_intermediate_size:
+            s = cfg.shared_expert_intermediate_size
+            p.update(shared_gate_proj=(h, s), shared_up_proj=(h, s), shared_down_proj=(s, h),
+                     shared_expert_gate=(h, 1))
+    else:
+        i_size = cfg.intermediate_size
+        p.update(gate_proj=(h, i_size), up_proj=(h, i_size), down_proj=(i_size, h))
+    return p
+
+
+def mtp_mlp_kind(cfg: ModelConfig) -> str:
+    """The MTP layers' feed-forward: MoE when the model has experts (Qwen3-Next), else dense."""
+    return "moe" if cfg.num_experts else "dense"
+
+
+def mtp_shapes(cfg: ModelConfig) -> dict:
+    """The shapes of the internal MTP pytree (matmul weights `[in, out]`): `fc` maps
+    concat([pre_fc_norm_embedding(embed), pre_fc_norm_hidden(hidden)]) `[2H]` to `[H]`; each
+    of `layers` is a full-attention layer in the `layer_shapes` layout."""
+    h = cfg.hidden_size
+    return {"pre_fc_norm_embedding": (h,), "pre_fc_norm_hidden": (h,), "fc": (2 * h, h),
+            "layers": [layer_shapes(cfg, FULL, mtp_mlp_kind(cfg)) for _ in range(cfg.mtp_num_hidden_layers)],
+            "norm": (h,)}
 
 
 # ---- reading files ----------------------------------------------------------------------
@@ -255,58 +275,66 @@ def _strip(key: str) -> str:
 
 # ---- mapping HF names to the pytree -------------------------------------------------------
 
+_T = lambda w: w.T  # noqa: E731 — HF Linear weights are [out, in]
+_SAME = lambda w: w  # noqa: E731
+
+
 def _sources(cfg: ModelConfig, names: set[str]) -> dict:
     """For each pytree leaf: (HF names it reads, transform from those arrays to the leaf)."""
-    t = lambda w: w.T  # noqa: E731 — HF Linear weights are [out, in]
-    out: dict = {"embed": (["model.embed_tokens.weight"], lambda w: w),
-                 "norm": (["model.norm.weight"], lambda w: w), "layers": []}
+    out: dict = {"embed": (["model.embed_tokens.weight"], _SAME),
+                 "norm": (["model.norm.weight"], _SAME), "layers": []}
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = (["lm_head.weight"], t)
+        out["lm_head"] = (["lm_head.weight"], _T)
     for i, kind in enumerate(cfg.layer_types):
-        pre = f"model.layers.{i}."
-        p = {"input_norm": ([pre + "input_layernorm.weight"], lambda w: w),
-             "post_norm": ([pre + "post_attention_layernorm.weight"], lambda w: w)}
-        if kind == LINEAR:
-            la = pre + "linear_attn."
-            if la + "in_proj_qkvz.weight" in names or la + "in_proj_ba.weight" in names:
-                qkv, z, b, a = _regroup_next(cfg)
-                p.update(in_proj_qkv=([la + "in_proj_qkvz.weight"], qkv),
-                         in_proj_z=([la + "in_proj_qkvz.weight"], z),
-                         in_proj_b=([la + "in_proj_ba.weight"], b),
-                         in_proj_a=([la + "in_proj_ba.weight"], a))
-            else:
-                p.update({f"in_proj_{n}": ([la + f"in_proj_{n}.weight"], t) for n in ("qkv", "z", "b", "a")})
-            p.update(conv=([la + "conv1d.weight"], lambda w: w.reshape(w.shape[0], w.shape[-1])),
-                     dt_bias=([la + "dt_bias"], lambda w: w), A_log=([la + "A_log"], lambda w: w),
-                     norm=([la + "norm.weight"], lambda w: w), out_proj=([la + "out_proj.weight"], t))
-        else:
-            sa = pre + "self_attn."
-            p.update({n: ([sa + n + ".weight"], t) for n in ("q_proj", "k_proj", "v_proj", "o_proj")})
-            p.update(q_norm=([sa + "q_norm.weight"], lambda w: w), k_norm=([sa + "k_norm.weight"], lambda w: w))
-        mlp = pre + "mlp."
-        if cfg.mlp_types[i] == "moe":
-            p["router"] = ([mlp + "gate.weight"], t)
-            ex = mlp + "experts."
-            if ex + "gate_up_proj" in names or ex + "down_proj" in names:
-                im = cfg.moe_intermediate_size
-                # Fused: gate_up [E, 2I, H] (gate first), down [E, H, I].
-                p.update(experts_gate=([ex + "gate_up_proj"], lambda w, im=im: np.swapaxes(w[:, :im], 1, 2)),
-                         experts_up=([ex + "gate_up_proj"], lambda w, im=im: np.swapaxes(w[:, im:], 1, 2)),
-                         experts_down=([ex + "down_proj"], lambda w: np.swapaxes(w, 1, 2)))
-            else:
-                stack = lambda *ws: np.stack([w.T for w in ws])  # noqa: E731
-                for leaf, proj in (("experts_gate", "gate_proj"), ("experts_up", "up_proj"),
-                                   ("experts_down", "down_proj")):
-                    p[leaf] = ([f"{ex}{e}.{proj}.weight" for e in range(cfg.num_experts)], stack)
-            if cfg.shared_expert_intermediate_size:
-                se = mlp + "shared_expert."
-                p.update(shared_gate_proj=([se + "gate_proj.weight"], t), shared_up_proj=([se + "up_proj.weight"], t),
-                         shared_down_proj=([se + "down_proj.weight"], t),
-                         shared_expert_gate=([mlp + "shared_expert_gate.weight"], t))
-        else:
-            p.update({n: ([mlp + n + ".weight"], t) for n in ("gate_proj", "up_proj", "down_proj")})
-        out["layers"].append(p)
+        out["layers"].append(_layer_sources(cfg, f"model.layers.{i}.", kind, cfg.mlp_types[i], names))
     return out
+
+
+def _layer_sources(cfg: ModelConfig, pre: str, kind: str, mlp_kind: str, names: set[str]) -> dict:
+    """One layer's leaves from the HF names under `pre` (`model.layers.3.`, `mtp.layers.0.`)."""
+    t = _T
+    p = {"input_norm": ([pre + "input_layernorm.weight"], _SAME),
+         "post_norm": ([pre + "post_attention_layernorm.weight"], _SAME)}
+    if kind == LINEAR:
+        la = pre + "linear_attn."
+        if la + "in_proj_qkvz.weight" in names or la + "in_proj_ba.weight" in names:
+            qkv, z, b, a = _regroup_next(cfg)
+            p.update(in_proj_qkv=([la + "in_proj_qkvz.weight"], qkv),
+                     in_proj_z=([la + "in_proj_qkvz.weight"], z),
+                     in_proj_b=([la + "in_proj_ba.weight"], b),
+                     in_proj_a=([la + "in_proj_ba.weight"], a))
+        else:
+            p.update({f"in_proj_{n}": ([la + f"in_proj_{n}.weight"], t) for n in ("qkv", "z", "b", "a")})
+        p.update(conv=([la + "conv1d.weight"], lambda w: w.reshape(w.shape[0], w.shape[-1])),
+                 dt_bias=([la + "dt_bias"], _SAME), A_log=([la + "A_log"], _SAME),
+                 norm=([la + "norm.weight"], _SAME), out_proj=([la + "out_proj.weight"], t))
+    else:
+        sa = pre + "self_attn."
+        p.update({n: ([sa + n + ".weight"], t) for n in ("q_proj", "k_proj", "v_proj", "o_proj")})
+        p.update(q_norm=([sa + "q_norm.weight"], _SAME), k_norm=([sa + "k_norm.weight"], _SAME))
+    mlp = pre + "mlp."
+    if mlp_kind == "moe":
+        p["router"] = ([mlp + "gate.weight"], t)
+        ex = mlp + "experts."
+        if ex + "gate_up_proj" in names or ex + "down_proj" in names:
+            im = cfg.moe_intermediate_size
+            # Fused: gate_up [E, 2I, H] (gate first), down [E, H, I].
+            p.update(experts_gate=([ex + "gate_up_proj"], lambda w, im=im: np.swapaxes(w[:, :im], 1, 2)),
+                     experts_up=([ex + "gate_up_proj"], lambda w, im=im: np.swapaxes(w[:, im:], 1, 2)),
+                     experts_down=([ex + "down_proj"], lambda w: np.swapaxes(w, 1, 2)))
+        else:
+            stack = lambda *ws: np.stack([w.T for w in ws])  # noqa: E731
+            for leaf, proj in (("experts_gate", "gate_proj"), ("experts_up", "up_proj"),
+                               ("experts_down", "down_proj")):
+                p[leaf] = ([f"{ex}{e}.{proj}.weight" for e in range(cfg.num_experts)], stack)
+        if cfg.shared_expert_intermediate_size:
+            se = mlp + "shared_expert."
+            p.update(shared_gate_proj=([se + "gate_proj.weight"], t), shared_up_proj=([se + "up_proj.weight"], t),
+                     shared_down_proj=([se + "down_proj.weight"], t),
+                     shared_expert_gate=([mlp + "shared_expert_gate.weight"], t))
+    else:
+        p.update({n: ([mlp + n + ".weight"], t) for n in ("gate_proj", "up_proj", "down_proj")})
+    return p
 
 
 def _regroup_next(cfg: ModelConfig) -> tuple[Callable, ...]:
@@ -440,3 +468,101 @@ def _mtp_plan(cfg: ModelConfig, mtp_names: list[str]) -> tuple[list[str] | None,
                       + ", ".join(lacking[:6]) + (" ..." if len(lacking) > 6 else "")
                       + "); the main model loads normally")
     return mtp_names, None
+
+
+# ---- the MTP head and export ------------------------------------------------------------
+
+def mtp_params(raw: dict[str, np.ndarray], cfg: ModelConfig) -> dict:
+    """The MTP tensors kept by HF name (`load_params`' second result) → the internal MTP
+    pytree (`mtp_shapes`): `mtp.fc.weight` `[H, 2H]` transposed to `[2H, H]`, each
+    `mtp.layers.{i}.*` through the main loader's per-layer mapping (a full-attention layer,
+    dense or MoE, per-expert or fused experts), the three norms as stored."""
+    raw = {_strip(k): v for k, v in raw.items()}
+    names = set(raw)
+    shapes = mtp_shapes(cfg)
+    sources = {"pre_fc_norm_embedding": (["mtp.pre_fc_norm_embedding.weight"], _SAME),
+               "pre_fc_norm_hidden": (["mtp.pre_fc_norm_hidden.weight"], _SAME),
+               "fc": (["mtp.fc.weight"], _T), "norm": (["mtp.norm.weight"], _SAME),
+               "layers": [_layer_sources(cfg, f"mtp.layers.{i}.", FULL, mtp_mlp_kind(cfg), names)
+                          for i in range(cfg.mtp_num_hidden_layers)]}
+    missing: list[str] = []
+    misshapen: list[str] = []
+
+    def build(src, shape):
+        keys, fn = src
+        absent = [k for k in keys if k not in names]
+        if absent:
+            missing.extend(absent)
+            return None
+        try:
+            value = np.asarray(fn(*[raw[k] for k in keys]))
+        except ValueError as e:
+            misshapen.append(f"{keys[0]} {tuple(raw[keys[0]].shape)} ({e})")
+            return None
+        if tuple(value.shape) != tuple(shape):
+            misshapen.append(f"{keys[0]} {tuple(raw[keys[0]].shape)} → {tuple(value.shape)}, "
+                             f"expected {tuple(shape)} in [in, out] layout")
+        return value
+
+    out = {k: build(sources[k], shapes[k]) for k in shapes if k != "layers"}
+    out["layers"] = [{k: build(src[k], shp[k]) for k in shp} for src, shp in zip(sources["layers"], shapes["layers"])]
+    out = {k: out[k] for k in shapes}
+    if missing or misshapen:
+        raise CheckpointError(f"the MTP tensors do not match the config ({cfg.model_type}, "
+                              f"{cfg.mtp_num_hidden_layers} MTP layers)", missing=missing, unexpected=[],
+                              misshapen=misshapen)
+    return out
+
+
+def _layer_tensors(p: dict, pre: str, kind: str, mlp_kind: str) -> dict[str, np.ndarray]:
+    """One layer's pytree → HF tensors under `pre`, in the plain Qwen3.5 layout (the inverse
+    of `_layer_sources` for plain projections and per-expert MoE keys)."""
+    t = lambda w: np.ascontiguousarray(np.asarray(w).T)  # noqa: E731
+    same = lambda w: np.ascontiguousarray(np.asarray(w))  # noqa: E731
+    out = {pre + "input_layernorm.weight": same(p["input_norm"]),
+           pre + "post_attention_layernorm.weight": same(p["post_norm"])}
+    if kind == LINEAR:
+        la = pre + "linear_attn."
+        out.update({la + f"in_proj_{n}.weight": t(p[f"in_proj_{n}"]) for n in ("qkv", "z", "b", "a")})
+        conv = np.asarray(p["conv"])
+        out.update({la + "conv1d.weight": same(conv.reshape(conv.shape[0], 1, conv.shape[1])),
+                    la + "dt_bias": same(p["dt_bias"]), la + "A_log": same(p["A_log"]),
+                    la + "norm.weight": same(p["norm"]), la + "out_proj.weight": t(p["out_proj"])})
+    else:
+        sa = pre + "self_attn."
+        out.update({sa + n + ".weight": t(p[n]) for n in ("q_proj", "k_proj", "v_proj", "o_proj")})
+        out.update({sa + "q_norm.weight": same(p["q_norm"]), sa + "k_norm.weight": same(p["k_norm"])})
+    mlp = pre + "mlp."
+    if mlp_kind == "moe":
+        out[mlp + "gate.weight"] = t(p["router"])
+        for leaf, proj in (("experts_gate", "gate_proj"), ("experts_up", "up_proj"), ("experts_down", "down_proj")):
+            for e, w in enumerate(np.asarray(p[leaf])):
+                out[f"{mlp}experts.{e}.{proj}.weight"] = t(w)
+        if "shared_gate_proj" in p:
+            se = mlp + "shared_expert."
+            out.update({se + "gate_proj.weight": t(p["shared_gate_proj"]),
+                        se + "up_proj.weight": t(p["shared_up_proj"]),
+                        se + "down_proj.weight": t(p["shared_down_proj"]),
+                        mlp + "shared_expert_gate.weight": t(p["shared_expert_gate"])})
+    else:
+        out.update({mlp + n + ".weight": t(p[n]) for n in ("gate_proj", "up_proj", "down_proj")})
+    return out
+
+
+def hf_tensors(params: dict, mtp: dict | None, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """The pytrees → a complete HF tensor dict (`model.` prefix, plain Qwen3.5 projections,
+    per-expert MoE keys, `mtp.*` when `mtp` is given), which `load_params` reads back to the
+    same arrays. Arrays keep their dtype (numpy, contiguous)."""
+    same = lambda w: np.ascontiguousarray(np.asarray(w))  # noqa: E731
+    out = {"model.embed_tokens.weight": same(params["embed"]), "model.norm.weight": same(params["norm"])}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = same(np.asarray(params["lm_head"]).T)
+    for i, p in enumerate(params["layers"]):
+        out.update(_layer_tensors(p, f"model.layers.{i}.", cfg.layer_types[i], cfg.mlp_types[i]))
+    if mtp is not None:
+        out.update({"mtp.fc.weight": same(np.asarray(mtp["fc"]).T), "mtp.norm.weight": same(mtp["norm"]),
+                    "mtp.pre_fc_norm_embedding.weight": same(mtp["pre_fc_norm_embedding"]),
+                    "mtp.pre_fc_norm_hidden.weight": same(mtp["pre_fc_norm_hidden"])})
+        for i, p in enumerate(mtp["layers"]):
+            out.update(_layer_tensors(p, f"mtp.layers.{i}.", FULL, mtp_mlp_kind(cfg)))
+    return out
