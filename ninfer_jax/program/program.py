@@ -33,7 +33,7 @@ STORE_BUCKET_UNITS = 64  # a page group (HOST-3); the stores' movers are warmed 
 class DecodeRow(NamedTuple):
     token: int  # the token to feed (the last one sampled)
     position: int  # its logical position
-    pages: tuple[int, ...]  # Main KV page units of the request, in logical order
+    pages: Sequence[int]  # Main KV page units of the request, in logical order (read, not kept)
     slot: int  # its StateImage slot unit
 
 
