@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import logging
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +20,10 @@ import numpy as np
 from ninfer_jax.errors import ConfigError, RequestError
 from ninfer_jax.model import builtin
 from ninfer_jax.model.config import ModelConfig, declared_dtype, load_config, parse_config, read_config_json
-from ninfer_jax.model.modules import HybridLM, Merger, lm_head_logits, split
 from ninfer_jax.model.weights import ShardProgress, load_params, stored_dtype
+
+if TYPE_CHECKING:  # flax is imported only when a model is first used
+    from ninfer_jax.model.modules import Merger
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 AUTO = "auto"  # the checkpoint's own dtype (resolve_dtype)
@@ -57,6 +59,8 @@ class Model:
         """(merger, leaves) of `HybridLM(config, params)`: `merger(leaves)` inside a jitted
         function is the module. Rebuilt only if `params` is replaced."""
         if self._split is None or self._split[0] is not self.params:
+            from ninfer_jax.model.modules import HybridLM, split  # flax loads with the first model
+
             self._split = (self.params, *split(HybridLM(self.config, self.params)))
         return self._split[1], self._split[2]
 
@@ -75,6 +79,8 @@ class Model:
 
 def lm_head(params: dict, x: jax.Array) -> jax.Array:
     """Final hidden `[..., H]` → logits `[..., V]` in float32 (tied or separate head)."""
+    from ninfer_jax.model.modules import lm_head_logits
+
     return lm_head_logits(params["embed"], params.get("lm_head"), x)
 
 

@@ -28,6 +28,7 @@ import functools
 import logging
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import chex
 import jax
@@ -35,8 +36,10 @@ import jax.numpy as jnp
 
 from ninfer_jax.model.config import LINEAR, ModelConfig
 from ninfer_jax.model.model import Model
-from ninfer_jax.model.modules import HybridLM, Merger
 from pallas_kernels import conv1d, gdn, page_copy, paged_attention
+
+if TYPE_CHECKING:  # flax is imported only when a model is first used
+    from ninfer_jax.model.modules import HybridLM, Merger
 
 PAGE_SIZE = 64  # Main KV tokens per page
 GDN_CHUNK = 64
@@ -149,7 +152,11 @@ def check_decode_args(kv, state, tokens, positions, page_table, slots, cfg: Mode
 def _module(params, cfg: ModelConfig, merger: Merger | None) -> HybridLM:
     """The model inside a traced step: `merger(leaves)` (the nnx split made once at load), or,
     for a direct caller passing the params dict, a module built over it."""
-    return merger(params) if merger is not None else HybridLM(cfg, params)
+    if merger is not None:
+        return merger(params)
+    from ninfer_jax.model.modules import HybridLM  # flax: imported when a step first traces
+
+    return HybridLM(cfg, params)
 
 
 def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slots, *,
