@@ -7,7 +7,11 @@ tokens (ChatML-style) at ids 1008..1023. It writes `tokenizer.json`, `tokenizer_
 and `generation_config.json` into `ninfer_jax/frontend/builtin/` (or `--out`); the chat
 template there (`chat_template.jinja`) is written by hand.
 
-    python scripts/make_builtin_tokenizer.py [--out DIR]
+    python scripts/make_builtin_tokenizer.py [--out DIR] [--corpus generated|stdlib]
+
+`--corpus stdlib` trains the same recipe (same size, same added tokens and ids) on the training
+split of the English corpus that ships with Python (`ninfer_jax.train.corpus`), the text
+`scripts/train_builtin.py` trains the model on.
 
 Pinned to `tokenizers==0.23.3`; tests/frontend checks that a rerun is byte-identical.
 """
@@ -108,13 +112,24 @@ def corpus() -> list[str]:
     return lines
 
 
-def build() -> Tokenizer:
+def stdlib_corpus() -> list[str]:
+    """The training documents of `ninfer_jax.train.corpus` (deterministic per Python install)."""
+    from ninfer_jax.train import corpus as stdlib
+
+    return [d.text for d in stdlib.load().train]
+
+
+CORPORA = {"generated": corpus, "stdlib": stdlib_corpus}
+
+
+def build(texts: list[str] | None = None) -> Tokenizer:
+    """The tokenizer trained on `texts` (default: the generated corpus above)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=BPE_SIZE, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=[], show_progress=False)
-    tok.train_from_iterator(corpus(), trainer)
+    tok.train_from_iterator(corpus() if texts is None else texts, trainer)
     if tok.get_vocab_size() != BPE_SIZE:
         raise SystemExit(f"training gave {tok.get_vocab_size()} tokens, wanted {BPE_SIZE}")
     for content, special in ADDED_TOKENS:  # one at a time, so ids follow the listed order
@@ -125,9 +140,9 @@ def build() -> Tokenizer:
     return tok
 
 
-def write(out: Path) -> None:
+def write(out: Path, texts: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tok = build()
+    tok = build(texts)
     (out / "tokenizer.json").write_text(tok.to_str(pretty=False) + "\n", encoding="utf-8")
     ids = {content: tok.token_to_id(content) for content, _ in ADDED_TOKENS}
     config = {
@@ -152,7 +167,10 @@ def main() -> None:
     default = Path(__file__).resolve().parent.parent / "ninfer_jax" / "frontend" / "builtin"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=default, help="output folder")
-    write(parser.parse_args().out)
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="generated",
+                        help="training text: the generated word lists (the shipped tokenizer) or the stdlib corpus")
+    args = parser.parse_args()
+    write(args.out, None if args.corpus == "generated" else CORPORA[args.corpus]())
 
 
 if __name__ == "__main__":

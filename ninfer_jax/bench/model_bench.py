@@ -157,6 +157,25 @@ def _transformers(prompt: np.ndarray, decode_steps: int) -> dict:
     return out
 
 
+def _trained() -> dict:
+    """The trained built-in model's held-out perplexity and MTP top-1, measured here from its
+    shipped files, and the wall time of the training run that made it (its metrics.json)."""
+    from ninfer_jax.frontend import Tokenizer
+    from ninfer_jax.model.model import load_model
+    from ninfer_jax.train import corpus
+    from ninfer_jax.train.evaluate import heldout_figures, heldout_windows
+
+    _say("held-out perplexity and MTP accuracy of the trained built-in model")
+    folder = builtin.trained_folder()
+    got = heldout_figures(load_model(folder, dtype="float32"),
+                          heldout_windows(Tokenizer.from_folder(folder), corpus.load().heldout))
+    recorded = builtin.trained_metrics()
+    return {"builtin_heldout_perplexity": round(got["heldout_perplexity"], 3),
+            "builtin_mtp_top1": round(got["mtp_top1"], 4),
+            "builtin_train_seconds": recorded["train_seconds"],
+            "builtin_train_wall_seconds": recorded["wall_seconds_this_run"]}
+
+
 def run(argv: list[str]) -> dict:
     prompt_len = int_arg(argv, "prompt_len", 256)
     decode_steps = int_arg(argv, "decode_steps", 32)
@@ -164,6 +183,7 @@ def run(argv: list[str]) -> dict:
     figures = {"model": builtin.NAME, "backend": "xla", "device": jax.devices()[0].platform,
                "prompt_len": prompt_len, "decode_steps": decode_steps}
     figures.update(_ours(prompt, decode_steps))
+    figures.update(_trained())
     have_hf = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
     if have_hf and "--no_transformers" not in argv:
         hf = _transformers(prompt, decode_steps)

@@ -34,6 +34,25 @@ HF_CONFIG = {
 }
 
 
+TRAINED_PACKAGE = "ninfer_jax.builtin_model"  # the trained model's shipped folder
+
+
+def trained_folder() -> str:
+    """The shipped Hugging Face folder of the trained built-in model (scripts/train_builtin.py)."""
+    from importlib import resources
+
+    return str(resources.files(TRAINED_PACKAGE))
+
+
+def trained_metrics() -> dict:
+    """The training figures recorded with the trained weights (metrics.json)."""
+    import json
+    import os
+
+    with open(os.path.join(trained_folder(), "metrics.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
 def config() -> ModelConfig:
     return parse_config(HF_CONFIG)
 
