@@ -12,6 +12,7 @@ and coalescing (CFG-5):
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import deque
 from typing import NamedTuple, Sequence
 
@@ -76,6 +77,16 @@ def _check_size(n, what: str, allow_zero: bool = False) -> None:
         raise InvalidRequest(f"{what} {n} exceeds the absurd-size bound {MAX_BYTES}")
 
 
+def _valid_alloc(size, pieces) -> bool:
+    return type(size) is int and 0 < size <= MAX_BYTES and type(pieces) is int and pieces >= 1 and not size % pieces
+
+
+def _check_alloc(size, pieces) -> None:
+    if not _valid_alloc(size, pieces):
+        _check_size(size, "host allocation size")
+        raise InvalidRequest(f"host allocation of {size} B cannot be {pieces!r} equal pieces")
+
+
 def _carve(arena: HostArena, bi: int, j: int, offset: int, length: int, pieces: int) -> HostArena:
     """Remove [offset, offset+length) from the free extent at (bi, j) that contains it."""
     o, l = ex.get(arena.free, bi, j)
@@ -103,9 +114,7 @@ def _carve(arena: HostArena, bi: int, j: int, offset: int, length: int, pieces: 
 
 def alloc(arena: HostArena, size: int, pieces: int = 1) -> tuple[HostArena, int] | None:
     """First-fit `size` bytes (as `pieces` equal allocations); None when no extent fits."""
-    if type(size) is not int or not 0 < size <= MAX_BYTES or type(pieces) is not int or pieces < 1 or size % pieces:
-        _check_size(size, "host allocation size")
-        raise InvalidRequest(f"host allocation of {size} B cannot be {pieces!r} equal pieces")
+    _check_alloc(size, pieces)
     hit = ex.first_fit(arena.free, size)
     if hit is None:
         return None
@@ -201,7 +210,208 @@ def page_groups(page_bytes: int, n_pages: int, group_pages: int) -> list[HostAll
 
 
 def fits(arena: HostArena, allocations: Sequence[HostAllocation], freeing: Sequence[int] = ()) -> bool:
-    """HOST-1 pre-check: would every allocation place after freeing the given offsets?"""
+    """HOST-1 pre-check: would every allocation place after freeing the given offsets?
+
+    The answer (and any error) is that of freeing each offset in turn and running `place`
+    on the result; `FitQuery` computes it without building those arenas."""
+    return FitQuery(arena, allocations)(freeing)
+
+
+class FitQuery:
+    """`q = FitQuery(arena, allocations)`; `q(freeing) == fits(arena, allocations, freeing)`.
+
+    A Host quote asks this once per candidate action (HOST-1/2), so the allocations are read
+    once here. Each call merges the freed ranges with each other and with the free extents next
+    to them (`_merge_freed`), answers from bytes and the largest extent where those decide, and
+    otherwise runs `place`'s first-fit with HOST-3 halving over local copies of the blocks the
+    merge changes and the untouched blocks of the persistent ExtentList; no arena is built."""
+
+    __slots__ = ("arena", "allocs", "bad", "need", "piece", "largest", "_alone")
+
+    def __init__(self, arena: HostArena, allocations: Sequence[HostAllocation]):
+        self.arena = arena
+        pairs = [(a.size, a.pieces) for a in allocations]
+        # `place` validates every allocation, after the frees: an invalid one raises at call time.
+        self.bad = next(((s, p) for s, p in pairs if not _valid_alloc(s, p)), None)
+        self.need = sum(s for s, _ in pairs) if self.bad is None else 0
+        self.piece = max((s // p for s, p in pairs), default=0) if self.bad is None else 0
+        self.allocs = []  # runs (size, pieces, count) of equal consecutive allocations
+        for s, p in pairs:
+            if self.allocs and self.allocs[-1][:2] == (s, p):
+                self.allocs[-1] = (s, p, self.allocs[-1][2] + 1)
+            else:
+                self.allocs.append((s, p, 1))
+        self.largest = arena.largest_free
+        self._alone = None  # the answer without freeing, once computed
+
+    def __call__(self, freeing: Sequence[int] = ()) -> bool:
+        arena = self.arena
+        if type(freeing) is not list and type(freeing) is not tuple:
+            freeing = list(freeing)
+        lengths = list(map(arena.used.get, freeing))
+        freed = dict(zip(freeing, lengths))
+        if None in lengths or len(freed) < len(freeing):
+            _free_error(arena, freeing)  # what the first failing `free` raises
+        if self.bad is not None:
+            _check_alloc(*self.bad)
+        el = arena.free
+        need = self.need
+        if need > el.total + sum(lengths):
+            return False  # HOST-1: the bytes cannot cover the request, whatever the layout
+        if need <= self.largest:
+            return True  # the largest extent holds it all (as in `_answer`); freeing only grows extents
+        if not freeing:
+            if self._alone is None:
+                self._alone = self._answer([], [])
+            return self._alone
+        offsets = sorted(freed)
+        return self._answer(offsets, list(map(freed.__getitem__, offsets)))
+
+    def _answer(self, offsets: list, lengths: list) -> bool:
+        el = self.arena.free
+        new, drop = _merge_freed(el, offsets, lengths)
+        # A merged extent is longer than each free extent it absorbed, so the largest extent after
+        # freeing is the larger of the arena's and the merged ones'.
+        largest = max(self.largest, max((e - s for s, e in new), default=0))
+        if largest >= self.need:
+            return True  # every allocation finds room in what is left of the largest extent
+        if self.piece > largest:
+            return False  # HOST-3 halving stops at one page, and that page has no extent
+        bmax = list(el.maxes)
+        return _first_fit_all(self.allocs, bmax, _edited_blocks(el, new, drop, bmax), el)
+
+
+def _free_error(arena: HostArena, freeing) -> None:
+    """Raise what freeing `freeing` one by one raises (a missing offset or a double free)."""
+    seen = set()
     for off in freeing:
-        arena = free(arena, off)
-    return not isinstance(place(arena, allocations), HostShortfall)
+        if arena.used.get(off) is None or off in seen:
+            raise ArenaError(f"no host allocation starts at offset {off} (double free?)")
+        seen.add(off)
+
+
+def _merge_freed(el: ex.ExtentList, offsets: list, lengths: list) -> tuple[list, dict]:
+    """What `free` of every allocation at the sorted `offsets` does to the free list, in any
+    order of the frees: allocations that touch become one extent, joined with the free extent
+    ending at its start and the one starting at its end. Returns the merged extents [start, end)
+    in offset order and, per block of `el`, the indices of the extents they absorbed."""
+    offs, lens, firsts = el.offs, el.lens, el.firsts
+    nb = len(offs)
+    runs: list = []  # freed allocations that touch, as one range [s, e)
+    for o, n in zip(offsets, lengths):
+        if runs and runs[-1][1] == o:
+            runs[-1][1] += n
+        else:
+            runs.append([o, o + n])
+    if not nb:
+        return runs, {}
+    new: list = []
+    drop: dict = {}
+    last_succ = None
+    for s, e in runs:
+        bi = bisect_right(firsts, s) - 1
+        if bi < 0:
+            bi = 0
+        j = bisect_left(offs[bi], s)
+        pred = (bi, j - 1) if j else ((bi - 1, len(offs[bi - 1]) - 1) if bi else None)
+        if pred is not None and offs[pred[0]][pred[1]] + lens[pred[0]][pred[1]] != s:
+            pred = None
+        succ = (bi, j) if j < len(offs[bi]) else ((bi + 1, 0) if bi + 1 < nb else None)
+        if succ is not None and offs[succ[0]][succ[1]] != e:
+            succ = None
+        end = e + lens[succ[0]][succ[1]] if succ is not None else e
+        if pred is not None and pred == last_succ:
+            new[-1][1] = end  # one free extent lay between the previous run and this one
+        else:
+            if pred is not None:
+                drop.setdefault(pred[0], []).append(pred[1])
+            new.append([offs[pred[0]][pred[1]] if pred is not None else s, end])
+        if succ is not None:
+            drop.setdefault(succ[0], []).append(succ[1])
+        last_succ = succ
+    return new, drop
+
+
+def _edited_blocks(el: ex.ExtentList, new: list, drop: dict, bmax: list) -> dict:
+    """Local copies [offsets, lengths] of the blocks of `el` that the merge changes (by block
+    index; a merged extent goes to the block its start falls in), their maxima set in `bmax`."""
+    offs, lens, firsts = el.offs, el.lens, el.firsts
+    if not offs:  # the arena had no free extent: the merged ones are the whole list
+        bmax.append(max((e - s for s, e in new), default=0))
+        return {0: [[s for s, _ in new], [e - s for s, e in new]]}
+    per: dict = {}
+    for s, e in new:
+        bi = bisect_right(firsts, s) - 1
+        per.setdefault(bi if bi > 0 else 0, []).append((s, e - s))
+    blocks = {}
+    for bi in per.keys() | drop.keys():
+        gone = drop.get(bi, ())
+        items = [x for j, x in enumerate(zip(offs[bi], lens[bi])) if j not in gone]
+        items.extend(per.get(bi, ()))
+        items.sort()
+        blocks[bi] = [[o for o, _ in items], [n for _, n in items]]
+        bmax[bi] = max(blocks[bi][1], default=0)
+    return blocks
+
+
+def _first_fit_all(allocs: list, bmax: list, blocks: dict, el: ex.ExtentList) -> bool:
+    """`place`'s loop on the free list given by `blocks` over `el`: True when all allocations
+    place. `allocs`: runs [size, pieces, count] of equal allocations in request order.
+
+    Lengths only shrink while placing (first-fit carves from an extent's start), so a block
+    maximum stays an upper bound and is made exact when its block misses; a size that found its
+    fit in block b has nothing before b for any later size at least as large; a size that found
+    nothing fails again for any size at least as large; and an extent that takes one of a run
+    stays the first fit for the next one as long as it holds another."""
+    lens_b, offs_b = el.lens, el.offs
+    nb = len(bmax)
+    queue = deque(list(r) for r in allocs)
+    hint_size = hint_bi = 0
+    fail = MAX_BYTES + 1
+    while queue:
+        run = queue[0]
+        size, pieces, count = run
+        hit = -1
+        if size < fail:
+            bi = hint_bi if size >= hint_size else 0
+            while bi < nb:
+                if bmax[bi] >= size:
+                    blk = blocks.get(bi)
+                    lens = lens_b[bi] if blk is None else blk[1]
+                    for j, l in enumerate(lens):
+                        if l >= size:
+                            hit = j
+                            break
+                    if hit >= 0:
+                        break
+                    bmax[bi] = max(lens, default=0)
+                bi += 1
+        if hit >= 0:
+            if blk is None:
+                blk = blocks[bi] = [list(offs_b[bi]), list(lens_b[bi])]
+            o, l = blk
+            k = min(count, l[hit] // size)  # this many of the run in a row, all from this extent
+            if l[hit] == k * size:
+                del o[hit], l[hit]
+            else:
+                o[hit] += k * size
+                l[hit] -= k * size
+            hint_size, hint_bi = size, bi
+            if k == count:
+                queue.popleft()
+            else:
+                run[2] = count - k
+        elif pieces > 1:  # HOST-3: a page group that does not fit is split in half and retried
+            fail = min(fail, size)
+            if count == 1:
+                queue.popleft()
+            else:
+                run[2] = count - 1  # the rest of the run comes after both halves
+            piece = size // pieces
+            lo = pieces // 2
+            hi = pieces - lo
+            queue.appendleft([lo * piece, lo, 1])
+            queue.appendleft([hi * piece, hi, 1])
+        else:
+            return False  # HOST-1: one allocation without an extent refuses the whole request
+    return True

@@ -738,7 +738,8 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None) -> Quot
     arena = state.arena
     allocs = list(gap.allocations) or [host.HostAllocation(gap.amount)]
     need = sum(a.size for a in allocs)
-    if host.fits(arena, allocs):
+    fits_after = host.FitQuery(arena, allocs)  # HOST-1: one placement query, asked per freeing set
+    if fits_after(()):
         return Quote(gap, applicant, Ranking(tuple(ok or ()), excluded), (), 0, 0, True, state, cache)
     byte_gap = max(0, need - arena.free_bytes)
     cap = byte_gap or max(a.size for a in allocs)
@@ -750,10 +751,9 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None) -> Quot
         return (a.kind != "drop_replica", base[:2]), (base[2], a.loss / useful, base[3:])
 
     ordered = sorted(ok, key=key) if order is None else order(key, cap)
-    short = need - arena.free_bytes
 
-    def fits(a):  # a cheap exact "no" first: the bytes it frees do not cover what is missing
-        return sum(arena.used[o] for o in a.offsets) >= short and host.fits(arena, allocs, a.offsets)
+    def fits(a):  # the query answers "no" at once when the freed bytes cannot cover the gap
+        return fits_after(a.offsets)
     ranked = _fits_first(ordered, key, fits)
     chosen, offsets, loss = [], {}, 0
     batch = _Batch(state, cache)
@@ -770,13 +770,13 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None) -> Quot
         batch.take(a, subsumed, chosen)
         offsets.update(dict.fromkeys(new))
         loss += a.loss
-        if host.fits(arena, allocs, list(offsets)):
+        if fits_after(list(offsets)):
             break
     else:  # HOST-2: delete nothing
         return Quote(gap, applicant, ranked.ranking(excluded), (), 0, 0, False, state, cache)
     for a in reversed(list(chosen)):  # HOST-2: drop actions no longer needed
         rest = [b for b in chosen if b is not a]
-        if host.fits(arena, allocs, list({o: None for b in rest for o in b.offsets})):
+        if fits_after(list({o: None for b in rest for o in b.offsets})):  # shared offsets freed once
             chosen = rest
     freed = sum(arena.used[o] for o in {o: None for b in chosen for o in b.offsets})
     return Quote(gap, applicant, ranked.ranking(excluded), tuple(chosen), freed, sum(a.loss for a in chosen),
