@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from ninfer_jax import cli
+from cli_runner import run_cli
 
 
 class ModelLoaded(AssertionError):
@@ -33,15 +33,7 @@ def ninfer(monkeypatch, capsys):
     monkeypatch.setattr("ninfer_jax.bench.trace.run_trace", _no_model)
 
     def run(*args: str):
-        flags.FLAGS.unparse_flags()
-        try:
-            code = cli.main(cli.parse_flags(["ninfer", *args]))
-        except SystemExit as e:
-            code = e.code
-        finally:
-            flags.FLAGS.unparse_flags()
-        out = capsys.readouterr()
-        return code, out.out, out.err
+        return run_cli(capsys, *args)
 
     yield run
     flags.FLAGS.unparse_flags()
