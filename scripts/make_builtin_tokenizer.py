@@ -1,17 +1,15 @@
 #!/usr/bin/env python
-"""Make the built-in byte-level BPE tokenizer of `builtin:tiny-hybrid`, deterministically.
+"""Make the byte-level BPE tokenizer of `builtin:tiny-hybrid`, deterministically.
 
-The training text is generated here from fixed word lists and a fixed seed (nothing is
-downloaded). The result has exactly 1024 tokens: 256 byte tokens, 752 merges and 16 added
-tokens (ChatML-style) at ids 1008..1023. It writes `tokenizer.json`, `tokenizer_config.json`
-and `generation_config.json` into `ninfer_jax/frontend/builtin/` (or `--out`); the chat
-template there (`chat_template.jinja`) is written by hand.
+The training text is the training split of the English corpus that ships with Python
+(`ninfer_jax.train.corpus`, the text `scripts/train_builtin.py` trains the model on; nothing is
+downloaded), or with `--corpus generated` text generated here from fixed word lists and a fixed
+seed. The result has exactly 1024 tokens: 256 byte tokens, 752 merges and 16 added tokens
+(ChatML-style) at ids 1008..1023. It writes `tokenizer.json`, `tokenizer_config.json` and
+`generation_config.json` into `ninfer_jax/builtin_model/` (or `--out`); the chat template there
+(`chat_template.jinja`) is written by hand.
 
-    python scripts/make_builtin_tokenizer.py [--out DIR] [--corpus generated|stdlib]
-
-`--corpus stdlib` trains the same recipe (same size, same added tokens and ids) on the training
-split of the English corpus that ships with Python (`ninfer_jax.train.corpus`), the text
-`scripts/train_builtin.py` trains the model on.
+    python scripts/make_builtin_tokenizer.py [--out DIR] [--corpus stdlib|generated]
 
 Pinned to `tokenizers==0.23.3`; tests/frontend checks that a rerun is byte-identical.
 """
@@ -164,11 +162,11 @@ def write(out: Path, texts: list[str] | None = None) -> None:
 
 
 def main() -> None:
-    default = Path(__file__).resolve().parent.parent / "ninfer_jax" / "frontend" / "builtin"
+    default = Path(__file__).resolve().parent.parent / "ninfer_jax" / "builtin_model"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=default, help="output folder")
-    parser.add_argument("--corpus", choices=sorted(CORPORA), default="generated",
-                        help="training text: the generated word lists (the shipped tokenizer) or the stdlib corpus")
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="stdlib",
+                        help="training text: the stdlib corpus (the shipped tokenizer) or the generated word lists")
     args = parser.parse_args()
     write(args.out, None if args.corpus == "generated" else CORPORA[args.corpus]())
 

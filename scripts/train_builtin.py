@@ -82,15 +82,15 @@ def sha256_file(path: str) -> str:
 
 
 def prepare_tokenizer(folder: str, texts: list[str], corpus_digest: str) -> str:
-    """The tokenizer trained on `texts`, made once per corpus in `folder` (with the chat
-    template of the built-in tokenizer, unchanged)."""
+    """The tokenizer trained on `texts`, made once per corpus in `folder` (with the built-in
+    model's hand-written chat template, unchanged)."""
     stamp = os.path.join(folder, "corpus.sha256")
     if os.path.exists(stamp) and open(stamp).read().strip() == corpus_digest:
         return folder
     make_builtin_tokenizer.write(Path(folder), texts)
-    from ninfer_jax.frontend import builtin as builtin_files
+    from ninfer_jax.model import builtin
 
-    shutil.copyfile(os.path.join(os.path.dirname(builtin_files.__file__), "chat_template.jinja"),
+    shutil.copyfile(os.path.join(builtin.trained_folder(), "chat_template.jinja"),
                     os.path.join(folder, "chat_template.jinja"))
     with open(stamp, "w") as f:
         f.write(corpus_digest + "\n")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -66,27 +67,33 @@ def _tool_call(rng: random.Random, tools: list[dict], call_id: str) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
+@functools.cache
+def _builtin_frontend():
+    from ninfer_jax.frontend import ChatFrontend, Tokenizer
+
+    return ChatFrontend(Tokenizer.builtin(), max_input_tokens=1 << 30)
+
+
 class _Session:
-    """A session's lines as they are written. `tokens` over-estimates its prompt length (2.5
-    characters of JSON per token; the built-in tokenizer takes ~2.7-4), so a session that stays
-    under budget leaves room for max_tokens under max_context."""
+    """A session's lines as they are written. A request is added only if its prompt, rendered by
+    the built-in model's template and tokenizer (the model these traces are made for), leaves
+    room for its max_tokens under max_context. The prompt is counted exactly: a characters-per-
+    token estimate is no bound (the tools preamble of the template alone is ~190 tokens)."""
 
-    CHARS_PER_TOKEN = 2.5
-
-    def __init__(self, sid: str, ts: float, prefix: object, max_context: int):
+    def __init__(self, sid: str, ts: float, tools: list[dict] | None, max_context: int):
         self.sid, self.ts, self.lines = sid, ts, []
-        self.chars, self.max_context = len(json.dumps(prefix)), max_context
+        self.tools, self.history, self.max_context = tools, [], max_context
 
     def fits(self, messages: list[dict], max_tokens: int) -> bool:
-        chars = self.chars + len(json.dumps(messages))
-        return chars / self.CHARS_PER_TOKEN + max_tokens + 16 <= self.max_context
+        prompt = _builtin_frontend().render_chat(self.history + messages, tools=self.tools)
+        return len(prompt.token_ids) + max_tokens <= self.max_context
 
     def add(self, rng: random.Random, messages: list[dict], reply: dict, max_tokens: int, **extra) -> None:
         line = {"session": self.sid, "turn": len(self.lines), "ts": round(self.ts, 3), "messages": messages}
         line.update(extra)
         line.update(max_tokens=max_tokens, reply=reply)
         self.lines.append(line)
-        self.chars += len(json.dumps(messages)) + len(json.dumps(reply))
+        self.history += messages + [reply]
         self.ts += rng.uniform(0.5, 4.0)
 
 

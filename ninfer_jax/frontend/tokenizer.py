@@ -2,7 +2,8 @@
 
 Loads any Hugging Face tokenizer folder (`tokenizer.json`, optional `tokenizer_config.json`,
 `chat_template.jinja` / `chat_template.json`, `generation_config.json`) or the built-in one
-shipped under `ninfer_jax/frontend/builtin/` (made by `scripts/make_builtin_tokenizer.py`).
+shipped with the built-in model in `ninfer_jax/builtin_model/` (made by
+`scripts/make_builtin_tokenizer.py` from the stdlib corpus the model is trained on).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import tokenizers
 from .byte_pieces import byte_pieces
 from .errors import TokenizerLoadError
 
-BUILTIN_PACKAGE = "ninfer_jax.frontend.builtin"
+BUILTIN_PACKAGE = "ninfer_jax.builtin_model"  # the built-in model's own folder
 BUILTIN_NAME = "builtin:tiny-hybrid"
 
 

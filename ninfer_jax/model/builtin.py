@@ -1,15 +1,19 @@
-"""`builtin:tiny-hybrid`: a small Qwen3.5-style hybrid with deterministic random weights.
+"""`builtin:tiny-hybrid`: a small Qwen3.5-style hybrid trained on the English text that ships
+with Python, with one MTP layer.
 
-It lets everything (CLI, tests, benchmarks) run with no files. Its vocabulary is the built-in
-tokenizer's (1024 ids). The layer pattern is the family's: three GDN layers, then one gated
-full-attention layer.
+It lets everything (CLI, tests, benchmarks) run with nothing downloaded. Its weights, tokenizer
+(1024 ids) and chat template are an ordinary Hugging Face folder in the package
+(`ninfer_jax/builtin_model/`, written by `scripts/train_builtin.py`); `HF_CONFIG` is the
+architecture that script trains (the shipped config.json adds the MTP layer count and dtype).
+The layer pattern is the family's: three GDN layers, then one gated full-attention layer.
 """
 from __future__ import annotations
 
-from ninfer_jax.model.config import ModelConfig, parse_config
+import functools
+
+from ninfer_jax.model.config import ModelConfig
 
 NAME = "builtin:tiny-hybrid"
-SEED = 20261130
 
 HF_CONFIG = {
     "model_type": "qwen3_5_text",
@@ -53,14 +57,10 @@ def trained_metrics() -> dict:
         return json.load(f)
 
 
+@functools.lru_cache(maxsize=1)
 def config() -> ModelConfig:
-    return parse_config(HF_CONFIG)
+    """The shipped model's config (read once: preflight, plans and the sim ask for it often)."""
+    from ninfer_jax.model.config import load_config
 
+    return load_config(trained_folder())
 
-def params(cfg: ModelConfig, dtype) -> dict:
-    """Deterministic weights (`modules.init_params`' style, seed `SEED`): fan-in scaled
-    normals, norm offsets around 0 (zero-centred norms), GDN decay parameters in their trained
-    ranges. Cast once from float64 to `dtype`."""
-    from ninfer_jax.model.modules import init_params
-
-    return init_params(cfg, SEED, dtype)[0]

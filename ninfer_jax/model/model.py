@@ -147,12 +147,11 @@ def load_model(path_or_name: str = builtin.NAME, dtype: str = AUTO,
     dtype = resolve_dtype(path_or_name, dtype)
     np_dtype = np.dtype(jnp.dtype(DTYPES[dtype]))
     if path_or_name.startswith("builtin:"):
-        _check_builtin(path_or_name)
-        cfg = builtin.config()
-        params, mtp = builtin.params(cfg, np_dtype), None
+        _check_builtin(path_or_name)  # the shipped HF folder, read by the ordinary path
+        folder, cfg = builtin.trained_folder(), builtin.config()
     else:
         _check_folder(path_or_name)
-        cfg = load_config(path_or_name)
-        params, mtp = load_params(path_or_name, cfg, np_dtype, progress=progress)
+        folder, cfg = path_or_name, load_config(path_or_name)
+    params, mtp = load_params(folder, cfg, np_dtype, progress=progress)
     params = jax.tree.map(jnp.asarray, params)
     return Model(config=cfg, params=params, dtype=DTYPES[dtype], name=path_or_name, mtp=mtp)

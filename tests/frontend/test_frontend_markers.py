@@ -88,15 +88,15 @@ def test_sh3_earlier_source_part_is_reused_while_its_token_prefix_agrees(fronten
 
 
 def test_sh7_appending_that_changes_the_bpe_tail_token_invalidates_a_source_part_position(frontend, tokenizer):
-    first = frontend.render_chat([{"role": "user", "content": "Say hello wor"}])
-    grown = frontend.render_chat([{"role": "user", "content": "Say hello world"}])
+    first = frontend.render_chat([{"role": "user", "content": "Call the funct"}])
+    grown = frontend.render_chat([{"role": "user", "content": "Call the function"}])
     marker = first.markers[0]
-    char = len(first.text[: first.text.index("Say hello wor") + len("Say hello wor")])
+    char = len(first.text[: first.text.index("Call the funct") + len("Call the funct")])
     assert grown.text[:char] == first.text[:char]  # the characters still agree ...
-    assert not marker.identity.matches(grown.token_ids)  # ... the tokens do not: " wor" vs " world"
+    assert not marker.identity.matches(grown.token_ids)  # ... the tokens do not: " f"+"un"+"ct" vs " function"
     # Inside one request: a part whose end the next part's text merges into is no frontier.
-    split = frontend.render_chat([{"role": "user", "content": [{"type": "text", "text": "Say hello wor"},
-                                                               {"type": "text", "text": "ld, please."}]}],
+    split = frontend.render_chat([{"role": "user", "content": [{"type": "text", "text": "Call the funct"},
+                                                               {"type": "text", "text": "ion, please."}]}],
                                  cache_markers=[{"message": 0, "part": 0}])
     (rejected,) = split.rejected_markers
     assert rejected.spec == ContentBoundary(0, 0) and "exact token frontier" in rejected.reason
@@ -105,10 +105,10 @@ def test_sh7_appending_that_changes_the_bpe_tail_token_invalidates_a_source_part
 
 def test_sh7_automatic_marker_walks_back_to_an_earlier_exact_source_part(frontend, tokenizer):
     template = frontend.template.source.replace(
-        "render_content(message.content) ~ '<|im_end|>", "render_content(message.content) ~ 'ld<|im_end|>")
+        "render_content(message.content) ~ '<|im_end|>", "render_content(message.content) ~ 'ion<|im_end|>")
     front = ChatFrontend(tokenizer, template)
     p = front.render_chat([{"role": "user", "content": [{"type": "text", "text": "First part."},
-                                                        {"type": "text", "text": " hello wor"}]}])
+                                                        {"type": "text", "text": " call the funct"}]}])
     (auto,) = p.markers
     assert auto.automatic == (ContentBoundary(0, 0),)
     assert _text_before(p, auto.frontier, tokenizer).endswith("First part.")

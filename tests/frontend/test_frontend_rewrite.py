@@ -121,10 +121,10 @@ def test_rec7_recovery_at_r_when_the_closing_holds_source_content(frontend):
 
 
 def test_rec7_recovery_at_r_when_c_is_not_an_exact_token_frontier(tokenizer):
-    # A closing that continues the last word: "hello wor" + "ld" tokenises as " world".
-    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}ld<|im_end|>\n{% endfor %}"
+    # A closing that continues the last word: "call the funct" + "ion" tokenises as " function".
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}ion<|im_end|>\n{% endfor %}"
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    p = ChatFrontend(tokenizer, template).render_chat([{"role": "user", "content": "hello wor"}])
+    p = ChatFrontend(tokenizer, template).render_chat([{"role": "user", "content": "call the funct"}])
     assert p.provenance.proven
     assert p.recovery_position.kind is RecoveryKind.R
     assert "exact token frontier" in p.recovery_position.reason
@@ -153,8 +153,8 @@ def test_rec8_rewrite_execution_frontiers_are_r_and_generation_start_whatever_th
     assert at_c.rewrite_execution_frontiers == (at_c.response_replay.frontier, len(at_c.token_ids))
     assert at_c.recovery_position.frontier not in at_c.rewrite_execution_frontiers
     # Same structure, recovery forced to R by a template whose C is not exact: same math split.
-    template = frontend.template.source.replace("render_content(message.content) ~ '<|im_end|>", "render_content(message.content) ~ 'ld<|im_end|>")
-    at_r = ChatFrontend(tokenizer, template).render_chat([SYSTEM, {"role": "user", "content": "hello wor"}])
+    template = frontend.template.source.replace("render_content(message.content) ~ '<|im_end|>", "render_content(message.content) ~ 'ion<|im_end|>")
+    at_r = ChatFrontend(tokenizer, template).render_chat([SYSTEM, {"role": "user", "content": "call the funct"}])
     assert at_r.recovery_position.kind is RecoveryKind.R
     assert at_r.rewrite_execution_frontiers == (at_r.response_replay.frontier, len(at_r.token_ids))
     # After the assistant header when thinking is off: the header and the empty think block.

@@ -12,7 +12,7 @@ from ninfer_jax.frontend import Tokenizer, TokenizerLoadError
 
 
 REPO = Path(__file__).resolve().parents[2]
-BUILTIN = REPO / "ninfer_jax" / "frontend" / "builtin"
+BUILTIN = REPO / "ninfer_jax" / "builtin_model"
 
 EXPECTED_ADDED = {
     "<|endoftext|>": 1008, "<|im_start|>": 1009, "<|im_end|>": 1010, "<think>": 1011, "</think>": 1012,
@@ -43,12 +43,23 @@ def test_builtin_round_trip_and_special_tokens_in_text(tokenizer):
 
 
 def test_builtin_files_are_small_and_script_regenerates_them_byte_identical(tmp_path):
-    total = sum(p.stat().st_size for p in BUILTIN.iterdir() if p.is_file())
-    assert total < 200_000
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
+    assert sum((BUILTIN / name).stat().st_size for name in tokenizer_files) < 200_000
+    assert (BUILTIN / "model.safetensors").stat().st_size < 4 << 20  # "a few MB at most" (issue 16)
     spec = importlib.util.spec_from_file_location("make_builtin_tokenizer", REPO / "scripts" / "make_builtin_tokenizer.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.write(tmp_path)
+    # The shipped tokenizer is the recipe trained on the stdlib corpus of the Python that trained
+    # the model (metrics.json names it by digest); another Python's docstrings are other text.
+    from ninfer_jax.model import builtin
+    from ninfer_jax.train import corpus
+
+    recorded = builtin.trained_metrics()["corpus"]
+    here = corpus.load()
+    if here.digest != recorded["sha256"]:
+        pytest.skip(f"this Python's stdlib corpus ({here.digest[:12]}) is not the one the built-in model was "
+                    f"trained on ({recorded['sha256'][:12]}, Python {recorded['python']})")
+    module.write(tmp_path, [d.text for d in here.train])
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         made = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
         shipped = hashlib.sha256((BUILTIN / name).read_bytes()).hexdigest()

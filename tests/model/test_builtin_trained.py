@@ -46,6 +46,17 @@ def test_the_shipped_folder_loads_through_the_ordinary_path(trained):
     assert builtin.trained_metrics()["complete"], "the shipped weights come from a finished training run"
 
 
+def test_builtin_tiny_hybrid_is_the_shipped_folder(trained, tokenizer):
+    """The default model name reads the trained folder: same config, weights, MTP head, tokenizer."""
+    import chex
+
+    named = load_model(builtin.NAME)
+    assert named.name == builtin.NAME and named.config == trained.config == builtin.config()
+    chex.assert_trees_all_equal(named.params, trained.params)
+    chex.assert_trees_all_equal(named.mtp, trained.mtp)
+    assert Tokenizer.builtin().fingerprint == tokenizer.fingerprint
+
+
 def test_heldout_perplexity_and_mtp_accuracy_of_the_shipped_model(trained, text, tokenizer):
     windows = heldout_windows(tokenizer, text.heldout)
     assert len(windows) >= 100, "the held-out split is large enough to judge"

@@ -83,13 +83,12 @@ def test_mtp_logits_shape_and_finite():
 
 
 def test_main_weights_do_not_depend_on_mtp_layers():
-    cfg = builtin.config()
+    cfg = dataclasses.replace(builtin.config(), mtp_num_hidden_layers=0)
     with_mtp = dataclasses.replace(cfg, mtp_num_hidden_layers=2)
     plain, none = init_params(cfg, seed=5)
     same, mtp = init_params(with_mtp, seed=5)
     assert none is None and len(mtp["layers"]) == 2
     chex.assert_trees_all_equal(plain, same)
-    chex.assert_trees_all_equal(builtin.params(cfg, np.float32), init_params(cfg, builtin.SEED)[0])
 
 
 def test_grad_through_split_merge():

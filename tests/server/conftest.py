@@ -8,7 +8,7 @@ from server.testing import FakeEngine, running_server, wait_until
 
 @pytest.fixture(scope="module")
 def fake_engine():
-    engine = FakeEngine(max_concurrency=8, max_context=256, step_s=0.001)
+    engine = FakeEngine(max_concurrency=8, max_context=512, step_s=0.001)  # a chat with one tool is ~270 tokens
     yield engine
     engine.close()
 

@@ -26,14 +26,14 @@ def _code(call) -> tuple[grpc.StatusCode, str]:
 @pytest.mark.parametrize("prompt, sampling, needle", [
     ([], None, "prompt: empty"),
     ([1, 2, 5000], None, "outside the vocabulary"),
-    ([7] * 300, None, "exceed max_context"),
+    ([7] * 600, None, "exceed max_context"),  # the fixture's max_context is 512
     ("x", {"temperature": -1.0}, "sampling.temperature"),
     ("x", {"top_p": 0.0}, "sampling.top_p"),
     ("x", {"max_tokens": 0}, "sampling.max_tokens"),
     ("x", {"seed": 2 ** 63}, "sampling.seed"),
     ("x", {"logprobs": 21}, "sampling.logprobs"),
     ("x", {"stop": [""]}, "sampling.stop"),
-    ("x", {"max_tokens": 257}, "server limit"),
+    ("x", {"max_tokens": 513}, "server limit"),  # above the fixture's max_context
 ])
 def test_generate_bad_requests_are_invalid_argument(fake_server, prompt, sampling, needle):
     _, client, _ = fake_server

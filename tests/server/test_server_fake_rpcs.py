@@ -25,8 +25,12 @@ def test_generate_stream_equals_engine_generate(fake_server, settled, sampling, 
 
 
 def test_stream_is_deltas_then_one_final(fake_server):
-    _, client, _ = fake_server
-    msgs = list(client.generate_stream("stream me", sampling={"max_tokens": 6, "temperature": 0}))
+    _, client, engine = fake_server
+    prompt = "stream this"
+    probe = engine.submit(prompt, SamplingParams(max_tokens=1))
+    probe.result()
+    assert engine._length(probe) > 6  # the fake would go on: the stream ends by length
+    msgs = list(client.generate_stream(prompt, sampling={"max_tokens": 6, "temperature": 0}))
     *deltas, final = msgs
     assert len(deltas) == 6 and all(len(m.token_ids) == 1 for m in deltas)
     assert all(m.finish_reason == pb.FINISH_REASON_UNSPECIFIED and not m.HasField("usage") for m in deltas)
@@ -91,7 +95,7 @@ def test_tokenize_model_info_stats(fake_server):
     _, client, engine = fake_server
     assert client.tokenize("Hello world") == engine.tokenizer.encode("Hello world")
     info = client.model_info()
-    assert info["vocab_size"] == engine.tokenizer.vocab_size and info["max_context"] == 256
+    assert info["vocab_size"] == engine.tokenizer.vocab_size and info["max_context"] == engine.max_context == 512
     assert info["eos_token_ids"] == list(engine.tokenizer.eos_token_ids)
     assert info["server_version"].startswith("ninfer.v1")
     before = client.stats()["requests_submitted"]

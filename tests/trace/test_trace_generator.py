@@ -23,13 +23,13 @@ def _sessions(lines):
 
 
 def _conversations(lines):
-    """Per session, per request: (the messages sent, the tools, the stored reply)."""
+    """Per session, per request: (the messages sent, the tools, the stored reply, max_tokens)."""
     for sess in _sessions(lines).values():
         history, tools, seq = [], None, []
         for line in sorted(sess, key=lambda l: l["turn"]):
             tools = line.get("tools", tools)
             history = history + line["messages"]
-            seq.append((list(history), tools, line["reply"]))
+            seq.append((list(history), tools, line["reply"], line["max_tokens"]))
             history.append(line["reply"])
         yield seq
 
@@ -81,7 +81,7 @@ def test_agent_prompts_drop_past_reasoning_and_keep_the_current_tasks(front):
     message makes the template drop it, so the prompt stops extending the previous one (SCN-1)."""
     dropped = kept = 0
     for seq in _conversations(trace_gen.generate("agent", 12, 0)):
-        for (hist, tools, _), (nxt, _, _) in zip(seq, seq[1:]):
+        for (hist, tools, _, _), (nxt, _, _, _) in zip(seq, seq[1:]):
             prev_reply = nxt[len(hist)]
             text = front.render_chat(nxt, tools=tools).text
             if nxt[-1]["role"] == "user":
@@ -105,8 +105,8 @@ def test_every_request_fits_the_context_it_was_made_for(front, kind, max_context
     lines = trace_gen.generate(kind, 12, 5, max_context)
     assert len(lines) >= 12
     for seq in _conversations(lines):
-        for hist, tools, _ in seq:
-            assert len(front.render_chat(hist, tools=tools).token_ids) + 64 <= max_context
+        for hist, tools, _, max_tokens in seq:
+            assert len(front.render_chat(hist, tools=tools).token_ids) + max_tokens <= max_context
 
 
 def test_marconi_lines_carry_the_replay_harness_workload():

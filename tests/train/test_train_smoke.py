@@ -23,7 +23,7 @@ from ninfer_jax.train.export import export, hf_config
 from ninfer_jax.train.loop import Checkpoints, TrainConfig, Trainer, make_evaluator
 
 REPO = Path(__file__).resolve().parents[2]
-BUILTIN_TOKENIZER = REPO / "ninfer_jax" / "frontend" / "builtin"
+BUILTIN_TOKENIZER = REPO / "ninfer_jax" / "builtin_model"
 # The built-in family at half depth (one GDN and one attention layer, plus the MTP layer): the
 # same code paths as the real run, half the compile time.
 CONFIG_JSON = hf_config({**builtin.HF_CONFIG, "num_hidden_layers": 2,
