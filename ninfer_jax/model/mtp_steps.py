@@ -139,7 +139,8 @@ def mtp_draft(params, pool, final, tokens, positions, page_table, *, k: int, cfg
               backend: str = "xla"):
     """k greedy drafts per row. final `[B, H]` the continuation hidden at frontier−1, tokens `[B]`
     the last committed token (ledger[frontier]), positions `[B]` = frontier−1 (negative: padding
-    row, writes nothing), page_table `[B, P]` into the MTP pool, valid on [0, frontier−1).
+    row, writes nothing), page_table `[B, P]` into the MTP pool, valid on [0, frontier−1) and
+    covering positions up to frontier+k−2 (the drafts' K/V).
 
     Returns (drafts `[B, k]` int32, their logits `[B, k, V]` float32 — the draft distributions
     speculative sampling needs —, pool)."""

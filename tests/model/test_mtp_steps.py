@@ -13,7 +13,8 @@ import pytest
 from ninfer_jax.model import builtin, load_model
 from ninfer_jax.model.config import load_config
 from ninfer_jax.model.modules import HybridLM, init_params
-from ninfer_jax.model.mtp_steps import MTPSteps, StepArgumentError, init_mtp_pool, mtp_pool_geometry
+from ninfer_jax.model.mtp_steps import MTPSteps, init_mtp_pool, mtp_pool_geometry
+from ninfer_jax.model.steps import StepArgumentError
 from ninfer_jax.model.weights import mtp_params
 from oracle_paths import oracle_dir
 
@@ -40,7 +41,6 @@ MODELS = dict(_models())
 @pytest.fixture(scope="module", params=list(MODELS))
 def case(request):
     cfg, params, mtp = MODELS[request.param]
-    params = {k: v for k, v in params.items()}
     lm = HybridLM(cfg, params, mtp)
     rng = np.random.default_rng(5)
     seqs = [rng.integers(0, cfg.vocab_size, n + 1).astype(np.int32) for n in LENGTHS]  # tokens 0..n
