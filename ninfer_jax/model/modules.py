@@ -116,16 +116,24 @@ class MTPHead(nnx.Module):
         self.layers = nnx.List([DecoderLayer(cfg, FULL, mtp_mlp_kind(cfg), p) for p in mtp["layers"]])
         self.norm = _param(mtp["norm"])
 
-    def __call__(self, final_hidden: jax.Array, next_embeds: jax.Array, positions: jax.Array) -> jax.Array:
-        """final_hidden `[T, H]` (after the main final norm), next_embeds `[T, H]` → the normed
-        MTP hidden `[T, H]`, ready for the lm head."""
+    def fuse(self, final_hidden: jax.Array, next_embeds: jax.Array) -> jax.Array:
+        """The layers' input `[..., H]`: fc over [norm(embed t+1), norm(hidden t)], embedding first."""
         eps = self.cfg.rms_norm_eps
         e = L.rms_norm(next_embeds, self.pre_fc_norm_embedding[...], eps)
         h = L.rms_norm(final_hidden, self.pre_fc_norm_hidden[...], eps)
-        x = L.matmul(jnp.concatenate([e, h], axis=-1), self.fc[...])
+        return L.matmul(jnp.concatenate([e, h], axis=-1), self.fc[...])
+
+    def out_norm(self, x: jax.Array) -> jax.Array:
+        """`mtp.norm`: the output is the hidden for the lm head and for the next recursive draft."""
+        return L.rms_norm(x, self.norm[...], self.cfg.rms_norm_eps)
+
+    def __call__(self, final_hidden: jax.Array, next_embeds: jax.Array, positions: jax.Array) -> jax.Array:
+        """final_hidden `[T, H]` (after the main final norm), next_embeds `[T, H]` → the normed
+        MTP hidden `[T, H]`, ready for the lm head."""
+        x = self.fuse(final_hidden, next_embeds)
         for layer in self.layers:
             x = layer(x, positions)
-        return L.rms_norm(x, self.norm[...], eps)
+        return self.out_norm(x)
 
     def to_params(self) -> dict:
         return {"pre_fc_norm_embedding": self.pre_fc_norm_embedding[...],

@@ -159,6 +159,19 @@ def _module(params, cfg: ModelConfig, merger: Merger | None) -> HybridLM:
     return HybridLM(cfg, params)
 
 
+def paged_attention_chunk(layer, h, positions, k_pages, v_pages, page_table, start_pos, lengths,
+                          cfg: ModelConfig, backend: str):
+    """One gated-attention mixer over a ragged chunk: h `[R, T, H]` (normed), positions `[R, T]`.
+    Writes the chunk's K/V into the row's pages, then attends causally over them; shared by the
+    main layers and the MTP layers (their own pool). Returns (out `[R, T, H]`, k_pages, v_pages)."""
+    q, k, v, gate = layer.attention_project(h, positions)
+    k_pages, v_pages = paged_attention.write_kv(k_pages, v_pages, k, v, page_table, start_pos, lengths,
+                                                backend=backend)
+    o = paged_attention.prefill_attention(q, k_pages, v_pages, page_table, start_pos, lengths,
+                                          scale=cfg.head_dim ** -0.5, backend=backend)
+    return layer.attention_output(o, gate), k_pages, v_pages
+
+
 def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slots, *,
                   cfg: ModelConfig, backend: str = "xla", all_logits: bool = False,
                   merger: Merger | None = None):
@@ -195,12 +208,8 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
             state = _write_state(state, lin, writes, conv_state, rec_state, backend)
             lin += 1
         else:
-            q, k, v, gate = layer.attention_project(h, positions)
-            k_pages, v_pages = paged_attention.write_kv(kv["k"][attn], kv["v"][attn], k, v, page_table,
-                                                        start_pos, lengths, backend=backend)
-            o = paged_attention.prefill_attention(q, k_pages, v_pages, page_table, start_pos, lengths,
-                                                  scale=cfg.head_dim ** -0.5, backend=backend)
-            h = layer.attention_output(o, gate)
+            h, k_pages, v_pages = paged_attention_chunk(layer, h, positions, kv["k"][attn], kv["v"][attn],
+                                                        page_table, start_pos, lengths, cfg, backend)
             kv = _set_layer(kv, attn, k_pages, v_pages)
             attn += 1
         x = layer.feed_forward(x + h)
