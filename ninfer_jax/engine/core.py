@@ -222,9 +222,10 @@ class EngineCore(UnitPlanning):
         if lanes <= 0:
             # SCH-2, WAIT-1: without a free lane the head and its C followers may still keep
             # their chosen recovery sources.
-            for req in list(self.fresh)[:self.c + 1]:
-                # Quote again only when the cache's index changed since a failed try (SCH-3).
-                if not req.bound and req.wait_seen is not self.reuse.cache.index:
+            for req in self.fresh.first(self.c + 1):
+                # Quote again only when the cache's index changed since a failed try (SCH-3); a
+                # request already waiting keeps its reference until its bind (WAIT-3).
+                if not req.bound and req.wait_seen is not self.reuse.cache.index and not self.reuse.waiting(req.ticket):
                     if not self.reuse.wait(req.ticket, self._identity(req, len(req.target)),
                                            session=req.session, ticket=req.ticket):
                         req.wait_seen = self.reuse.cache.index
@@ -347,11 +348,14 @@ class EngineCore(UnitPlanning):
         plain = [sampling.plain_greedy(r.sampling) for r in rows]
         picks = sampling.greedy_rows(logits[:len(rows)]) if any(plain) else None  # one argmax for the batch
         now = self.program.clock()  # one step's tokens all appear at once
-        for i, (r, row_logits) in enumerate(zip(rows, logits)):
+        for i, r in enumerate(rows):
             r.fed += 1
             if r.fed > r.computed:
                 r.computed = r.fed
-            self._sample(r, row_logits, picks[i] if plain[i] else None, now)
+            if plain[i]:  # chosen by the batch's argmax; its logits are not read again
+                self._sample(r, None, picks[i], now)
+            else:
+                self._sample(r, logits[i], None, now)
 
     def _run_prefill(self, req: Request) -> None:
         n = self._chunk(req)
