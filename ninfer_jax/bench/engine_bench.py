@@ -11,7 +11,8 @@ steps at C=8 on an engine whose cache holds `--control_points` (default 10,000) 
 while 16 requests continuing the cached system prompt are admitted, decode and publish.
 
 Flags after `engine`: --requests_per_lane N (default 4), --max_tokens N (default 32),
---control_points N (default 10,000).
+--control_points N (default 10,000), --control_rounds N (default 1: the 16 requests once; more
+rounds reuse one fill, for steadier percentiles while profiling).
 """
 from __future__ import annotations
 
@@ -96,14 +97,16 @@ def _populate(engine, points: int, rng) -> list[int]:
     return system
 
 
-def control_at_scale(model, points: int = 10_000, c: int = 8, max_tokens: int = 48) -> dict:
+def control_at_scale(model, points: int = 10_000, c: int = 8, max_tokens: int = 48, rounds: int = 1) -> dict:
     """`control_us_per_cycle_p50/_p99`: the wall time of one engine cycle outside the Program's
     compiled steps (scheduling, source selection, ledger plans and commits, captures, sampling
-    bookkeeping, streaming) at C = `c`, on an engine whose cache holds `points` checkpoints.
-    2·c requests continuing the cached system prompt are admitted (source selection over the
-    whole index, binds, reclamation), decode `max_tokens` each and publish their ends; every
-    cycle of that run is a sample. `engine.step()` is timed by the caller's clock, the compiled
-    steps by the engine's own counter (`compute_seconds`)."""
+    bookkeeping, streaming, building the steps' inputs) at C = `c`, on an engine whose cache
+    holds `points` checkpoints. 2·c requests continuing the cached system prompt are admitted
+    (source selection over the whole index, binds, reclamation), decode `max_tokens` each and
+    publish their ends; every cycle of that run is a sample. `engine.step()` is timed by the
+    caller's clock, the compiled steps by the engine's own counter (`compute_seconds`: from
+    each step's call to its logits on the host). `rounds` > 1 repeats the 2·c requests after
+    one fill (more samples per fill; each round's ends are published into the cache)."""
     cfg = EngineConfig(max_concurrency=c, max_context=512, chunk_size=64, progress=False, max_queue=1 << 16,
                        context_cache=ContextCacheConfig(host_capacity_bytes=4 << 30))
     engine = Engine(cfg, program=Program(cfg, model=model), start=False)
@@ -113,18 +116,20 @@ def control_at_scale(model, points: int = 10_000, c: int = 8, max_tokens: int = 
     fill_s = time.perf_counter() - t
     cached = len(engine.core.reuse.cache.checkpoints)
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    handles = [engine.submit(system + [int(x) for x in rng.integers(0, 1000, 60)], sp) for _ in range(2 * c)]
     core = engine.core
     control, rows = [], []
-    while not all(h.done() for h in handles):
-        c0, t0 = core.compute_seconds, time.perf_counter()
-        engine.step()
-        control.append((time.perf_counter() - t0) - (core.compute_seconds - c0))
-        rows.append(len(core.residents))
+    for _ in range(rounds):
+        handles = [engine.submit(system + [int(x) for x in rng.integers(0, 1000, 60)], sp) for _ in range(2 * c)]
+        while not all(h.done() for h in handles):
+            c0, t0 = core.compute_seconds, time.perf_counter()
+            engine.step()
+            control.append((time.perf_counter() - t0) - (core.compute_seconds - c0))
+            rows.append(len(core.residents))
     engine.check_integrity()
     full = [x for x, r in zip(control, rows) if r == c]
     engine.close()
     return {"control_cached_points": cached, "control_lanes": c, "control_cycles": len(control),
+            "control_rounds": rounds,
             "control_us_per_cycle_p50": round(1e6 * _pct(control, 50), 1),
             "control_us_per_cycle_p99": round(1e6 * _pct(control, 99), 1),
             "control_us_per_full_cycle_p50": round(1e6 * _pct(full, 50), 1) if full else None,
@@ -167,7 +172,7 @@ def run(argv: list[str]) -> dict:
               f"overhead {100 * figures[f'c{c}_overhead_share']:.0f}% of each cycle", file=sys.stderr, flush=True)
     points = int_arg(argv, "control_points", 10_000)
     print(f"[bench engine] control: C=8 with {points:,} cached points", file=sys.stderr, flush=True)
-    figures.update(control_at_scale(model, points))
+    figures.update(control_at_scale(model, points, rounds=int_arg(argv, "control_rounds", 1)))
     print(f"[bench engine] control: {figures['control_us_per_cycle_p50']:.0f} us per cycle (p50) outside the "
           f"compiled steps", file=sys.stderr, flush=True)
     print("[bench engine] the scheduling loop: 10,000 requests on the cost-model Program", file=sys.stderr, flush=True)

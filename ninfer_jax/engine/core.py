@@ -96,7 +96,7 @@ class EngineCore(UnitPlanning):
         self.reuse.txns.core = self  # continuations and events of the transaction in flight (SCH-9)
         self._last_turn = 0  # ticket of the last prefill turn (SCH-8 rotation)
         self.cycle_seconds = 0.0  # wall time in step(), for the overhead figure
-        self.compute_seconds = 0.0  # wall time inside the Program's steps
+        self.compute_seconds = 0.0  # wall time inside the Program's compiled steps (`_compute`)
 
     # ---- intake (any thread) ---------------------------------------------------------
     def make_request(self, prompt: Sequence[int], sp: SamplingParams, request_id: str | None,
@@ -222,9 +222,10 @@ class EngineCore(UnitPlanning):
         if lanes <= 0:
             # SCH-2, WAIT-1: without a free lane the head and its C followers may still keep
             # their chosen recovery sources.
-            for req in list(self.fresh)[:self.c + 1]:
-                # Quote again only when the cache's index changed since a failed try (SCH-3).
-                if not req.bound and req.wait_seen is not self.reuse.cache.index:
+            for req in self.fresh.first(self.c + 1):
+                # Quote again only when the cache's index changed since a failed try (SCH-3); a
+                # request already waiting keeps its reference until its bind (WAIT-3).
+                if not req.bound and req.wait_seen is not self.reuse.cache.index and not self.reuse.waiting(req.ticket):
                     if not self.reuse.wait(req.ticket, self._identity(req, len(req.target)),
                                            session=req.session, ticket=req.ticket):
                         req.wait_seen = self.reuse.cache.index
@@ -305,7 +306,8 @@ class EngineCore(UnitPlanning):
             if not req.output:
                 if req.recovery_permit is None:
                     self.counters["full_hits"] += 1
-                self._sample(req, self.program.hidden_logits(req.slot, req.target[-1], len(req.target) - 1))
+                self._sample(req, self._compute(self.program.hidden_logits, req.slot, req.target[-1],
+                                                len(req.target) - 1))
         req.computed = max(req.computed, req.fed)  # past here, bound tokens are not recomputed
 
     def _offer_branch_point(self, req: Request, bound: int) -> None:
@@ -325,28 +327,40 @@ class EngineCore(UnitPlanning):
         self.counters["branch_points"] += 1
 
     # ---- execution ---------------------------------------------------------------------
-    def _run_decode(self, rows: list[Request]) -> None:
+    def _compute(self, step, *args):
+        """Run one Program step and count its compute: the Program's own `step_seconds` when it
+        keeps one (the compiled call until its logits are on the host; building the inputs is
+        control work), else the call's wall time (a cost-model or test Program)."""
+        before = getattr(self.program, "step_seconds", None)
         t0 = time.perf_counter()
+        out = step(*args)
+        if before is None:
+            self.compute_seconds += time.perf_counter() - t0
+        else:
+            self.compute_seconds += self.program.step_seconds - before
+        return out
+
+    def _run_decode(self, rows: list[Request]) -> None:
         # The rows' page lists are passed as they are (read during the call, never kept): a
         # 45k-token context holds ~700 pages, copied for nothing every cycle otherwise.
-        logits = self.program.decode([DecodeRow(r.output[-1], r.fed, r.pages, r.slot) for r in rows])
-        self.compute_seconds += time.perf_counter() - t0
+        logits = self._compute(self.program.decode, [DecodeRow(r.output[-1], r.fed, r.pages, r.slot) for r in rows])
         self.counters["decode_steps"] += 1
         plain = [sampling.plain_greedy(r.sampling) for r in rows]
         picks = sampling.greedy_rows(logits[:len(rows)]) if any(plain) else None  # one argmax for the batch
         now = self.program.clock()  # one step's tokens all appear at once
-        for i, (r, row_logits) in enumerate(zip(rows, logits)):
+        for i, r in enumerate(rows):
             r.fed += 1
             if r.fed > r.computed:
                 r.computed = r.fed
-            self._sample(r, row_logits, picks[i] if plain[i] else None, now)
+            if plain[i]:  # chosen by the batch's argmax; its logits are not read again
+                self._sample(r, None, picks[i], now)
+            else:
+                self._sample(r, logits[i], None, now)
 
     def _run_prefill(self, req: Request) -> None:
         n = self._chunk(req)
         tokens = req.target[req.fed:req.fed + n]
-        t0 = time.perf_counter()
-        logits = self.program.prefill(tokens, req.fed, req.pages, req.slot)
-        self.compute_seconds += time.perf_counter() - t0
+        logits = self._compute(self.program.prefill, tokens, req.fed, req.pages, req.slot)
         self.counters["prefill_chunks"] += 1
         replay = req.replaying
         # OBS-1: recomputing what was computed before a pause is Replay; the rest is prefill.

@@ -30,7 +30,9 @@ class Detokenizer:
                  pieces: Sequence[bytes] | None = None):
         self._decode = decode
         self._pieces_of = pieces if decode is not None else None  # id → bytes (byte-level fast path)
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") if self._pieces_of is not None else None
+        # The incremental UTF-8 decoder's own work, without its wrapper: the bytes of an
+        # incomplete last character wait here (None: no byte-level fast path).
+        self._utf8: bytes | None = b"" if self._pieces_of is not None else None
         self._stop = tuple(stop)
         self._keep = max((len(s) for s in self._stop), default=0)  # released text a stop may span
         self._ids: list[int] = []
@@ -68,10 +70,14 @@ class Detokenizer:
         """The fast path's full text from `_base`: the token's bytes decoded incrementally; a
         pending incomplete character reads as the U+FFFD the full decode would show."""
         if token is None:  # the end: an incomplete character is final
-            self._recent += self._utf8.decode(b"", final=True)
+            self._recent += codecs.utf_8_decode(self._utf8, "replace", True)[0]
+            self._utf8 = b""
             return self._recent
-        self._recent += self._utf8.decode(self._pieces_of[token])
-        return self._recent + "\ufffd" if self._utf8.getstate()[0] else self._recent
+        data = self._utf8 + self._pieces_of[token] if self._utf8 else self._pieces_of[token]
+        text, used = codecs.utf_8_decode(data, "replace", False)
+        self._utf8 = data[used:]
+        self._recent += text
+        return self._recent + "\ufffd" if self._utf8 else self._recent
 
     def push(self, token: int) -> str:
         """Add one token; return the newly final text (possibly empty)."""

@@ -290,6 +290,10 @@ class ContextCache:
         self.counters["waits"] += 1
         return True
 
+    def waiting(self, request) -> bool:
+        """Whether the request holds a waiting reference (WAIT-1); `wait` would keep it as is."""
+        return self.enabled and request in self.cache.waiters
+
     def release_wait(self, request) -> None:
         """WAIT-4: cancel or timeout ends the waiting reference."""
         if request in self.cache.waiters:

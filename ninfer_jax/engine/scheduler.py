@@ -50,6 +50,10 @@ class FreshQueue(Generic[T]):
             return True
         return False
 
+    def first(self, n: int) -> list[T]:
+        """The head and its followers, at most `n`, in ticket order (a copy)."""
+        return self._items[:n]
+
     def head(self) -> T | None:
         return self._items[0] if self._items else None
 

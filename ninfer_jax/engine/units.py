@@ -170,6 +170,8 @@ class UnitPlanning:
         if prefill is not None:
             grants.append(prefill)
         for req, pid in grants:
+            if pid is NO_UNITS:
+                continue  # RES-2: its pages are all bound already
             upto = req.fed + (1 if req.phase == DECODE else self._chunk(req))
             n = self._pages_needed(req, upto)
             if n:
@@ -183,7 +185,7 @@ class UnitPlanning:
         self.program.commit(ledger.plan_settle(self.program.state, pid, req.key))
 
     def _settle(self, decode_permits: dict, prefill) -> None:
-        pairs = [(pid, r.key) for r, pid in decode_permits.items()]
+        pairs = [(pid, r.key) for r, pid in decode_permits.items() if pid is not NO_UNITS]
         if prefill is not None:
             pairs.append((prefill[1], prefill[0].key))
         live = self.program.state.permits

@@ -92,6 +92,9 @@ class Program:
         # State computed under another model, dtype or kernel backend is never adopted (CKP-4).
         self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}"
         self._hidden_logits = jax.jit(lm_head)
+        # Wall time inside the compiled model steps, from the call to their logits on the host;
+        # building their inputs is control work and is not counted (the engine's control figure).
+        self.step_seconds = 0.0
 
     # ---- facts ----------------------------------------------------------------------
     @property
@@ -128,6 +131,13 @@ class Program:
         st_pool.replace(state)
         return logits
 
+    def _step(self, kind: str, *args) -> np.ndarray:
+        """One compiled step, its logits on the host; the time is counted in `step_seconds`."""
+        t0 = time.perf_counter()
+        logits = np.asarray(self._run(kind, *args))
+        self.step_seconds += time.perf_counter() - t0
+        return logits
+
     def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int) -> np.ndarray:
         """One prefill chunk of one request from frontier `start`; logits `[V]` of its last token."""
         n = len(tokens)
@@ -136,9 +146,9 @@ class Program:
         buf = np.zeros((1, self.chunk_size), np.int32)
         buf[0, :n] = tokens
         # numpy in, no eager jnp conversions: the compiled step takes host arrays directly.
-        logits = self._run("prefill", buf, np.array([start], np.int32), np.array([n], np.int32),
-                           self._table(pages)[None], np.array([slot], np.int32))
-        return np.asarray(logits)[0]
+        logits = self._step("prefill", buf, np.array([start], np.int32), np.array([n], np.int32),
+                            self._table(pages)[None], np.array([slot], np.int32))
+        return logits[0]
 
     def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
         """One decode step for each row; logits `[len(rows), V]`."""
@@ -146,21 +156,24 @@ class Program:
         bucket = next((b for b in self.decode_buckets if b >= n), None)
         if not n or bucket is None:
             raise ValueError(f"{n} decode rows; expected 1..{self.decode_buckets[-1]}")
-        tokens = np.zeros(bucket, np.int32)
-        positions = np.zeros(bucket, np.int32)
+        pad = bucket - n
+        tokens = np.array([r.token for r in rows] + [0] * pad, np.int32)
+        positions = np.array([r.position for r in rows] + [0] * pad, np.int32)
+        slots = np.array([r.slot for r in rows] + [-1] * pad, np.int32)
         table = np.zeros((bucket, self.capacity.pages_per_request), np.int32)
-        slots = np.full(bucket, -1, np.int32)
         for i, r in enumerate(rows):
-            tokens[i], positions[i], table[i], slots[i] = r.token, r.position, self._table(r.pages), r.slot
-        logits = self._run("decode", tokens, positions, table, slots)
-        return np.asarray(logits)[:n]
+            table[i, :len(r.pages)] = r.pages
+        return self._step("decode", tokens, positions, table, slots)[:n]
 
     def hidden_logits(self, slot: int, last_token: int = 0, position: int = 0) -> np.ndarray:
         """Logits `[V]` from a StateImage's continuation hidden: an exact hit of a whole prompt
         samples its first token without recomputing anything (docs/rules.md, StateImage). The last
         token and its position are for the cost-model Program, which keeps no hidden."""
         hidden = self.stores.pools[ledger.STATE_POOL].read_hidden(slot)
-        return np.asarray(self._hidden_logits(self.model.params, hidden))
+        t0 = time.perf_counter()
+        logits = np.asarray(self._hidden_logits(self.model.params, hidden))
+        self.step_seconds += time.perf_counter() - t0
+        return logits
 
     def warmup(self) -> None:
         """Compile every bucket once, on padding rows that write nothing."""
