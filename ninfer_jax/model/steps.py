@@ -129,8 +129,9 @@ def check_pools(kv, state, cfg: ModelConfig, where: str = "the step") -> None:
         _arg(where, f"state['recurrent'][{j}]", state["recurrent"][j], rec, jnp.float32)
 
 
-def check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg: ModelConfig) -> None:
-    where = "prefill_chunk"
+def check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg: ModelConfig,
+                       where: str = "prefill_chunk") -> None:
+    """A ragged chunk's arguments (`prefill_chunk`, and `verify_step`'s, which are the same)."""
     _arg(where, "tokens", tokens, rank=2, kind=int)
     r = tokens.shape[0]
     for name, x in (("start_pos", start_pos), ("lengths", lengths), ("slots", slots)):

@@ -16,18 +16,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ninfer_jax.model.config import LINEAR, ModelConfig
-from ninfer_jax.model.steps import _arg, _module, _read_state, _set_layer, check_pools, paged_attention_chunk
+from ninfer_jax.model.steps import _module, _read_state, _set_layer, check_prefill_args, paged_attention_chunk
 from pallas_kernels import conv1d, gdn, page_copy
-
-
-def check_verify_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg: ModelConfig) -> None:
-    where = "verify_step"
-    _arg(where, "tokens", tokens, rank=2, kind=int)
-    b = tokens.shape[0]
-    for name, x in (("start_pos", start_pos), ("lengths", lengths), ("slots", slots)):
-        _arg(where, name, x, (b,), int)
-    _arg(where, "page_table", page_table, (b, None), int)
-    check_pools(kv, state, cfg, where)
 
 
 def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots, *, cfg: ModelConfig,
@@ -39,7 +29,7 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
     Returns (logits `[B, T, V]`, final `[B, T, H]` (final-normed hidden per position), kv,
     verified) with verified = {"conv": per GDN layer `[B, T, K-1, C]`, "recurrent": per GDN
     layer `[B, T, Hv, Dk, Dv]` float32}: the state after each position."""
-    check_verify_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg)
+    check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg, where="verify_step")
     lm = _module(params, cfg, merger)
     t_len = tokens.shape[1]
     positions = start_pos[:, None] + jnp.arange(t_len)[None, :]
