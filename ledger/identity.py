@@ -61,10 +61,12 @@ class InputIdentity(NamedTuple):
 def _chain(tokens: tuple, media: tuple) -> tuple:
     out = []
     prev = _ROOT
-    for lo in range(0, len(tokens) - BLOCK + 1, BLOCK):
+    n = len(tokens) - len(tokens) % BLOCK
+    data = memoryview(struct.pack(f"<{n}q", *tokens[:n]))  # packed once; each block hashes its slice
+    for lo in range(0, n, BLOCK):
         hi = lo + BLOCK
         h = hashlib.blake2b(prev, digest_size=16)
-        h.update(struct.pack(f"<{BLOCK}q", *tokens[lo:hi]))
+        h.update(data[lo * 8:hi * 8])
         for s, e, d in media:
             if s < hi and e > lo:
                 h.update(repr((s, e, d)).encode())
@@ -77,9 +79,10 @@ def identity_of(tokens: Sequence[int], media: Sequence = (), position_scheme: st
                 execution: str = "") -> InputIdentity:
     """Build an identity from token ids (and media ranges `(start, end, digest)`)."""
     toks = tuple(tokens)
-    for t in toks:
-        if type(t) is not int:
-            raise InvalidRequest(f"token ids must be ints, got {type(t).__name__}")
+    if not set(map(type, toks)) <= {int}:  # checked at C speed; the loop names the culprit
+        for t in toks:
+            if type(t) is not int:
+                raise InvalidRequest(f"token ids must be ints, got {type(t).__name__}")
     med = tuple(sorted((int(s), int(e), str(d)) for s, e, d in media))
     for s, e, _ in med:
         if not 0 <= s < e <= len(toks):

@@ -512,10 +512,10 @@ class _Work:
                 if t[0] == "ckpt":
                     self._dem_count(pool, t[1], sign)
 
-    def _dem_count(self, pool: str, cid: int, sign: int) -> None:
+    def _dem_count(self, pool: str, cid: int, delta: int) -> None:
         k = (pool, cid)
         cur = self.dem.get(k)
-        self.dem[k] = ((cur[0] if cur else 0) + sign, cur[1] if cur else None)
+        self.dem[k] = ((cur[0] if cur else 0) + delta, cur[1] if cur else None)
         self.dirty_dem.add(k)
 
     def hold(self, oid: int, holder, sign: int, pool: str | None = None) -> None:
@@ -544,6 +544,137 @@ class _Work:
             del self.opool[oid]
         if holder[0] == "ckpt":
             self._walk(oid, holder[1], sign)
+
+    def hold_run(self, oids, holder, sign: int, pools) -> None:
+        """`holder` joins (sign > 0) or leaves each of `oids`, as `hold` one by one would. The
+        objects that had the same holder set (a context's pages) move between the same two
+        groups, so the group, count and walk work is done once per holder set, and the new
+        holder set is one object all of them share."""
+        if len(set(oids)) != len(oids):  # an object twice: its second change sees the first
+            for oid in oids:
+                self.hold(oid, holder, sign, pools.get(oid))
+            return
+        oh, opool = self.oh, self.opool
+        buckets: dict = {}
+        for oid in oids:
+            old = oh.get(oid, _NONE)
+            if (holder in old) == (sign > 0):
+                continue  # nothing changes (as `hold`)
+            pool = pools.get(oid)
+            if pool is None:
+                pool = opool[oid]
+            run = buckets.get((old, pool))
+            if run is None:
+                buckets[(old, pool)] = [oid]
+            else:
+                run.append(oid)
+        for (old, pool), run in buckets.items():
+            self._hold_same(run, old, pool, holder, sign)
+
+    def _hold_same(self, run: list, old, pool: str, holder, sign: int) -> None:
+        """`hold` for objects of one pool that all had holder set `old`."""
+        new = old | {holder} if sign > 0 else old - {holder}
+        derive_wide(old, new, holder, sign)
+        xget = self.xrep.get
+        live = held = hl = dem = 0
+        dups = []
+        for oid in run:  # presence classes, as `_obj` reads them (`_pres`)
+            x = xget(oid)
+            if x is None:
+                live += 1
+                held += 1
+                dem += 1
+                continue
+            d, h = x[0], x[1]
+            if d == 2:
+                held += 1
+                if h == 2:
+                    dups.append(oid)
+                else:
+                    live += 1
+            elif h == 2:
+                hl += 1
+            if d and not h:
+                dem += 1
+        ck_old = any(t[0] == "ckpt" for t in old)
+        ck_new = any(t[0] == "ckpt" for t in new)
+        for hs, s, ck in ((old, -1, ck_old), (new, 1, ck_new)):
+            if not ck:
+                continue  # held by waiters only: not a candidate (RCL-1)
+            w = self._group(pool, hs)
+            if s > 0:
+                w[0].update(run)
+            else:
+                w[0].difference_update(run)
+            w[1] += s * live
+            if hl:
+                n = self.hl.get(hs, 0) + s * hl
+                if n:
+                    self.hl[hs] = n
+                else:
+                    del self.hl[hs]
+                self.hdirty.add(hs)
+        if ck_old != ck_new:  # the objects join or leave the listed ones (a listed set stays listed)
+            s = 1 if ck_new else -1
+            self.held[pool] = self.held.get(pool, 0) + s * held
+            if dups:
+                xo = self._order(pool, "x")
+                for oid in dups:
+                    xo = xo.add((oid,)) if s > 0 else xo.remove((oid,))
+                self._put(pool, "x", xo)
+        if dem and holder[0] == "ckpt":
+            self._dem_count(pool, holder[1], sign * dem)
+        oh, opool = self.oh, self.opool
+        if new:
+            for oid in run:
+                oh[oid] = new
+            if not old:
+                for oid in run:
+                    opool[oid] = pool
+        else:
+            for oid in run:
+                del oh[oid]
+                del opool[oid]
+        if holder[0] == "ckpt":
+            self._walk_same(run, old, pool, holder[1], sign)
+
+    def _walk_same(self, run: list, old, pool: str, cid: int, sign: int) -> None:
+        """`_walk` for objects that all had holder set `old`: they have the same listing points,
+        so the new point's place in their walk order and what it moves are found once."""
+        was = _cids(old)
+        n = len(was)
+        walk = self.walk
+        if n < 2:  # no walk entry yet: one appears when a second point lists them
+            if sign < 0 or n < 1:
+                return
+            keys = sorted((walk_key(c), c) for c in was + (cid,))
+            for oid in run:
+                walk[oid] = tuple(k + (self._ahead(k[1], oid, pool),) for k in keys)
+            self._first_moved(run[0], list(was) + [cid])
+            return
+        k = (walk_key(cid), cid)
+        i = bisect_left(sorted((walk_key(c), c) for c in was), k)
+        m = n + 1 if sign > 0 else n - 1
+        for oid in run:
+            cur = walk.get(oid)
+            if cur is None or len(cur) != n:  # not the listing `old` names: one by one
+                self._walk(oid, cid, sign)
+                continue
+            if sign > 0:
+                new = cur[:i] + (k + (self._ahead(cid, oid, pool),),) + cur[i:]
+            else:
+                new = cur[:i] + cur[i + 1:]
+            if m >= 2:
+                walk[oid] = new
+            else:
+                del walk[oid]
+            if (m > BIG) != (n > BIG):
+                if m > BIG:
+                    self.wide[oid] = pool
+                else:
+                    del self.wide[oid]
+        if (m > BIG) != (n > BIG) or m < 2 or i == 0:  # the first listing point moved
+            self._first_moved(run[0], list(was) + [cid])
 
     def _walk(self, oid: int, cid: int, sign: int) -> None:
         """Keep the listing points of a shared object in demotion walk order (RCL-6): a tuple of
@@ -1084,8 +1215,17 @@ def sync(vi: VictimIndex | None, state, cache) -> VictimIndex | None:
     if vi.pending:
         owners, cids = {}, {}
         for holders, cs, os_, pools in vi.pending:
-            for oid, h, sign in holders:
-                w.hold(oid, h, sign, pools.get(oid))
+            i, n = 0, len(holders)
+            while i < n:  # runs of one holder change (a point's or a waiter's objects): at once
+                _, h, sign = holders[i]
+                j = i + 1
+                while j < n and holders[j][1] == h and holders[j][2] == sign:
+                    j += 1
+                if j - i == 1:
+                    w.hold(holders[i][0], h, sign, pools.get(holders[i][0]))
+                else:
+                    w.hold_run([e[0] for e in holders[i:j]], h, sign, pools)
+                i = j
             owners.update(dict.fromkeys(os_))
             cids.update(dict.fromkeys(cs))
         for o in owners:

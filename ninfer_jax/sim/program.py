@@ -136,7 +136,7 @@ class SimProgram:
                  UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, jnp.zeros((self.capacity.state_slots, 1), jnp.uint8))],
                 self.capacity.host_capacity_bytes)
         self.vocab_size = cfg.vocab_size
-        self._buf, self._set = None, ((), ())  # the logits buffer of `_block` and its set entries
+        self._buf, self._set = None, ()  # the logits buffer of `_block` and its set entries
         self.eos_token_ids = tuple(cfg.eos_token_id)
         self.chunk_size = config.chunk_size
         self.decode_buckets = decode_buckets(config.max_concurrency)
@@ -245,13 +245,13 @@ class SimProgram:
         buf = self._buf
         if buf is None or buf.shape[0] < n:
             buf = self._buf = np.zeros((max(n, self.decode_buckets[-1]), self.vocab_size), np.float32)
-            self._set = ((), ())
-        rows, cols = self._set
-        if len(rows):
-            buf[rows, cols] = 0.0
-        rows = np.arange(n)
-        buf[rows, picks] = 10.0
-        self._set = (rows, np.asarray(picks))
+            self._set = ()
+        for r, c in self._set:  # element by element: fancy indexing cost more than a few rows
+            buf[r, c] = 0.0
+        done = tuple(enumerate(picks))
+        for r, c in done:
+            buf[r, c] = 10.0
+        self._set = done
         out = buf[:n]
         out.flags.writeable = False
         return out

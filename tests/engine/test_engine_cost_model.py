@@ -188,3 +188,18 @@ def test_pause2_auto_route_follows_the_cost_model(rates, route):
     stats = e.stats()
     assert stats[f"pauses_{route}"] == 1 and stats[f"resumes_{route}"] == 1
     assert h.result().finish_reason == "length"
+
+
+def test_sim_logits_rows_hold_only_this_steps_picks():
+    # issue 15: the kept logits buffer clears the previous step's picks element by element; a
+    # stale 10 left in a row would make the engine emit another token
+    import numpy as np
+
+    e = _qwen_engine(QWEN)
+    prog = e.program
+    for picks in ([5, 7, 9], [7], [151935, 3, 3, 0], [2, 2]):
+        out = prog._block(picks)
+        want = np.zeros((len(picks), prog.vocab_size), np.float32)
+        want[np.arange(len(picks)), picks] = 10.0
+        assert out.shape == want.shape and np.array_equal(out, want) and not out.flags.writeable
+        assert np.count_nonzero(prog._buf) == len(picks)  # nothing left from earlier steps

@@ -123,3 +123,40 @@ def test_allocate_state_image_slot_and_content_identity():
     assert [o.kind for o in objs] == [L.STATE_IMAGE] * 2 and [o.content for o in objs] == ["ckp-1", "ckp-2"]
     r = L.plan_allocate(s, L.STATE_POOL, 1, "rec")
     assert isinstance(r, L.Refusal) and dict(r.shortfall.pools) == {L.STATE_POOL: 1}
+
+
+def test_pages_with_the_same_holders_share_one_new_holder_set():
+    # issue 15: a context's pages change holders together; each change makes one new set per
+    # distinct old set, not one per page, and every page still gets its own version bump
+    s = fresh(main=16)
+    s, a = alloc(s, 6, "rec-a")
+    s = run(s, L.plan_add_holders(s, a[:3], "shared"))
+    before = {o: s.objects[o] for o in a}
+    p = L.plan_add_holders(s, a, "ckpt-1")
+    s = run(s, p)
+    sets = {id(s.objects[o].holders) for o in a}
+    assert len(sets) == 2  # {rec-a, shared, ckpt-1} and {rec-a, ckpt-1}
+    assert all(s.objects[o].holders == before[o].holders | {"ckpt-1"} for o in a)
+    assert all(s.objects[o].version == before[o].version + 1 for o in a)
+    assert all(s.objects[o]._replace(version=0, holders=None) == before[o]._replace(version=0, holders=None)
+               for o in a)
+    p = L.plan_drop_holders(s, a, "rec-a")
+    s = run(s, p)
+    assert len({id(s.objects[o].holders) for o in a}) == 2
+    assert all(s.objects[o].holders == before[o].holders - {"rec-a"} | {"ckpt-1"} for o in a)
+    L.check_integrity(s)
+
+
+def test_a_holder_plan_replays_on_a_newer_state_and_refuses_a_changed_page():
+    s = fresh(main=16)
+    s, a = alloc(s, 4, "rec-a")
+    p = L.plan_add_holders(s, a, "ckpt-1")
+    newer = run(s, L.plan_lease(s, a[3:], L.DEVICE, "reader"))  # another change, to another object...
+    newer = run(newer, L.plan_release_leases(newer, newer.objects[a[3]].leases, "reader"))
+    with pytest.raises(L.StalePlan):  # ...whose version moved: the whole plan is refused
+        L.commit(newer, p)
+    other = run(s, L.plan_add_holders(s, [a[0]], "rec-b"))
+    p = L.plan_add_holders(s, a[1:], "ckpt-1")
+    got = L.commit(other, p)  # the pages it names are unchanged: it replays
+    assert all("ckpt-1" in got.objects[o].holders for o in a[1:]) and "rec-b" in got.objects[a[0]].holders
+    L.check_integrity(got)

@@ -326,3 +326,41 @@ def test_a_protected_widely_shared_page_makes_no_point_a_demotion_candidate(monk
         q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, amount), L.Applicant(L.ApplicantKind.NECESSARY))
         r = L.quote_reference(sim.state, sim.cache, L.Gap(L.MAIN_KV, amount), L.Applicant(L.ApplicantKind.NECESSARY))
         assert (q.chosen, q.admitted, q.freed, q.loss) == (r.chosen, r.admitted, r.freed, r.loss)
+
+
+def _families():
+    """Wide sharing (a system prompt's pages listed by more than BIG points) and a tight cache
+    (Host demotions: duplicates and Host-only pages) with points coming and going."""
+    wide = make(main=256, slots=64, host=1 << 16)
+    _prompt_family(wide, 14)
+    tight = make(main=40, slots=10, host=1 << 14)
+    for i in range(5):
+        _prompt_family(tight, 3, base=10 * i)
+        t = SYSTEM + toks(700, base=20_000 + i)  # a long context: a run of 13 pages
+        tight.run(f"long-{i}", t, [SavePoint(128, L.PointKind.SHARED), SavePoint(len(t))], output=(1, 2))
+    return wide, tight
+
+
+def test_a_run_of_one_holder_change_equals_the_changes_one_by_one(monkeypatch):
+    # issue 15: `hold_run` moves a context's pages between two holder-set groups at once; the
+    # index it keeps must be exactly the one `hold`, page by page, keeps
+    runs = []
+    real = V._Work.hold_run
+
+    def counted(self, oids, holder, sign, pools):
+        runs.append(len(oids))
+        return real(self, oids, holder, sign, pools)
+
+    monkeypatch.setattr(V._Work, "hold_run", counted)
+    batched = _families()
+    assert max(runs) > 10 and len(runs) > 50
+    monkeypatch.setattr(V._Work, "hold_run",
+                        lambda self, oids, h, s, pools: [self.hold(o, h, s, pools.get(o)) for o in oids])
+    single = _families()
+    for b, s in zip(batched, single):
+        assert b.state.objects == s.state.objects
+        got, want = V.sync(b.cache.victims, b.state, b.cache), V.sync(s.cache.victims, s.state, s.cache)
+        assert not V.compare(got, want), V.compare(got, want)
+        assert (got.walk, got.wide, got.oh, got.dem, got.hlive) == (want.walk, want.wide, want.oh, want.dem, want.hlive)
+        assert any(len(w) > V.BIG for w in got.walk.values()) or b is single[1]
+        order_matches_scratch(b.state, b.cache)

@@ -215,3 +215,30 @@ def test_assistant_message_parses_reasoning_and_tool_calls_and_drops_the_stop_to
     assert msg["reasoning_content"] == "plan it" and msg["content"].strip() == "ok"
     assert msg["tool_calls"][0]["function"] == {"name": "f", "arguments": {"x": 1}}
     assert T.assistant_message(tok, tok.encode("just text")) == {"role": "assistant", "content": "just text"}
+
+
+def test_the_replay_tunes_the_collector_only_while_it_runs():
+    # issue 15: the start-up heap is frozen and young passes are rarer during a replay; the
+    # process's collector is as it was afterwards, also when the replay fails
+    import gc
+
+    class Seen(ScriptedEngine):
+        def step(self):
+            self.during = (gc.get_threshold()[0], gc.get_freeze_count() > 0)
+            return super().step()
+
+    gc.unfreeze()  # (another test may have frozen its heap)
+    before = gc.get_threshold()
+    frozen = gc.get_freeze_count()
+    eng = Seen()
+    T.Replayer(eng, _marconi_trace(), concurrency=2).run()
+    assert eng.during == (T.GC_YOUNG, True)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen == 0
+
+    class Failing(ScriptedEngine):
+        def step(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        T.Replayer(Failing(), _marconi_trace(), concurrency=2).run()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
