@@ -173,6 +173,14 @@ def paged_attention_chunk(layer, h, positions, k_pages, v_pages, page_table, sta
     return layer.attention_output(o, gate), k_pages, v_pages
 
 
+def main_attention_chunk(layer, h, positions, kv, attn: int, page_table, start_pos, lengths,
+                         cfg: ModelConfig, backend: str):
+    """`paged_attention_chunk` on Main KV's attention layer `attn`: returns (out, kv)."""
+    h, k_pages, v_pages = paged_attention_chunk(layer, h, positions, kv["k"][attn], kv["v"][attn],
+                                                page_table, start_pos, lengths, cfg, backend)
+    return h, _set_layer(kv, attn, k_pages, v_pages)
+
+
 def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slots, *,
                   cfg: ModelConfig, backend: str = "xla", all_logits: bool = False,
                   merger: Merger | None = None):
@@ -209,9 +217,7 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
             state = _write_state(state, lin, writes, conv_state, rec_state, backend)
             lin += 1
         else:
-            h, k_pages, v_pages = paged_attention_chunk(layer, h, positions, kv["k"][attn], kv["v"][attn],
-                                                        page_table, start_pos, lengths, cfg, backend)
-            kv = _set_layer(kv, attn, k_pages, v_pages)
+            h, kv = main_attention_chunk(layer, h, positions, kv, attn, page_table, start_pos, lengths, cfg, backend)
             attn += 1
         x = layer.feed_forward(x + h)
     final = lm.final_norm(x)  # [R, T, H]

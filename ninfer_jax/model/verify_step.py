@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ninfer_jax.model.config import LINEAR, ModelConfig
-from ninfer_jax.model.steps import _module, _read_state, _set_layer, check_prefill_args, paged_attention_chunk
+from ninfer_jax.model.steps import _module, _read_state, check_prefill_args, main_attention_chunk
 from pallas_kernels import conv1d, gdn, page_copy
 
 
@@ -55,9 +55,7 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
             recs.append(jnp.stack(rec_after, axis=1))
             lin += 1
         else:
-            h, k_pages, v_pages = paged_attention_chunk(layer, h, positions, kv["k"][attn], kv["v"][attn],
-                                                        page_table, start_pos, lengths, cfg, backend)
-            kv = _set_layer(kv, attn, k_pages, v_pages)
+            h, kv = main_attention_chunk(layer, h, positions, kv, attn, page_table, start_pos, lengths, cfg, backend)
             attn += 1
         x = layer.feed_forward(x + h)
     final = lm.final_norm(x)
