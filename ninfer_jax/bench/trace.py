@@ -894,6 +894,16 @@ def run_trace(path, config, *, program: str = "model", fmt: str = "auto", cold: 
     return out
 
 
+def _warn_failed(run: RunResult, prefix: str) -> None:
+    """Failed requests are counted in the figures (`requests_failed`); say so on stderr too, with
+    the first error, since a replay whose requests mostly fail answers nothing."""
+    failed = [o for o in run.outcomes if o.finish_reason == "error"]
+    if failed:
+        print(f"[trace] {prefix}{len(failed):,} of {len(run.outcomes):,} requests failed; the first "
+              f"(request {failed[0].index}): {failed[0].error} (--cache_device_bytes, --max_context or "
+              f"--skip_too_long size the replay for the trace)", file=sys.stderr)
+
+
 def _run_budget(trace: Trace, config, budget, *, program: str, cold: bool, prefix: str, report: str | None,
                 skip_too_long: bool, **kw) -> dict:
     """The cached (and cold) run at one pool sizing (`budget`: a CacheSplit, or None for the
@@ -914,6 +924,7 @@ def _run_budget(trace: Trace, config, budget, *, program: str, cold: bool, prefi
         cold_run, _ = replay_once(cfg or config, program, trace, f"{prefix}cold run", share=shared, **dict(extra))
     out = figures(hot.trace, hot, cold_run, program=program, cold_disabled=disabled, max_context=config.max_context,
                   budget=budget)
+    _warn_failed(hot, prefix)
     if report:
         from ninfer_jax.bench.trace_report import write_report
 

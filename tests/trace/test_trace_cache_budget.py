@@ -300,3 +300,17 @@ def test_a_sweep_report_compares_the_splits(small_trace, tmp_path):
     for s in ("0.2", "0.6"):
         assert (report / f"split_{s}" / "summary.md").exists() and f"[split_{s}](split_{s}/summary.md)" in summary
     assert f"Best split: **{f['best_split']:.4g}**" in summary
+
+
+def test_failed_requests_are_said_on_stderr_with_the_first_error(small_trace, capsys):
+    """A replay sized below its trace still reports its figures, and says on stderr how many
+    requests failed and why, instead of leaving it to `requests_failed` in the JSON."""
+    code, out, err = run_cli(capsys, "trace", small_trace, "--program=sim", f"--model={GEOMETRY}", "--json",
+                             "--max_concurrency=2", "--chunk_size=128", "--cold=false", "--max_context=256")
+    assert code == 0, err
+    f = json.loads(out)
+    assert f["requests_failed"] == 2  # the two second turns: 274-token prompts (file lines 2 and 4)
+    line = [l for l in err.splitlines() if "requests failed" in l]
+    assert line == [f"[trace] 2 of 4 requests failed; the first (request 1): RequestError: prompt: 274 tokens "
+                    f"exceed max_context=256 (--cache_device_bytes, --max_context or --skip_too_long size the "
+                    f"replay for the trace)"], err
