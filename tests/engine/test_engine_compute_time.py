@@ -1,40 +1,64 @@
 """What the engine counts as model compute (`EngineCore.compute_seconds`, the base of the
 control figure of `ninfer bench engine`): the Program's compiled steps only. Building a step's
-inputs on the host is control work, so it is never counted as compute."""
-import time
+inputs on the host is control work, so it is never counted as compute.
 
+The Program here runs on a fake clock (no wall time is read or asserted on): each compiled call
+advances it by STEP, each decode's input building by HOST, so every figure is exact."""
 from engine_helpers import make_engine, run_until_done
 from ninfer_jax import SamplingParams
 from ninfer_jax.program.program import Program
 
-
-def test_compute_seconds_is_the_programs_step_time(tiny_model):
-    engine = make_engine(tiny_model)
-    core, program = engine.core, engine.program
-    base_core, base_steps = core.compute_seconds, program.step_seconds
-    handles = [engine.submit(list(range(1, 40 + 9 * i)), SamplingParams(temperature=0, max_tokens=5))
-               for i in range(3)]
-    run_until_done(engine, handles)
-    steps = program.step_seconds - base_steps
-    assert steps > 0
-    assert abs((core.compute_seconds - base_core) - steps) < 1e-9
+STEP = 1.0  # fake seconds a compiled step takes
+HOST = 0.25  # fake seconds of host work before a decode's compiled step
 
 
-class SlowInputs(Program):
-    """A Program whose decode spends 0.2 s of host work before its compiled step."""
+class FakeClockProgram(Program):
+    """A real Program whose clock advances only by what the test says each part costs."""
+
+    now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def _run(self, kind, *args):
+        out = super()._run(kind, *args)
+        self.now += STEP
+        return out
 
     def decode(self, rows):
-        time.sleep(0.2)
+        self.now += HOST  # padding, page tables: host work outside the compiled step
         return super().decode(rows)
 
 
-def test_host_work_outside_the_compiled_step_is_not_compute(tiny_model):
+def _fake_clock_engine(tiny_model):
     engine = make_engine(tiny_model)
-    engine.program.__class__ = SlowInputs
+    engine.program.__class__ = FakeClockProgram
+    return engine
+
+
+def test_compute_seconds_is_the_programs_step_time(tiny_model):
+    engine = _fake_clock_engine(tiny_model)
+    core, program = engine.core, engine.program
+    base_core, base_steps = core.compute_seconds, program.step_seconds
+    base_calls = core.counters["decode_steps"] + core.counters["prefill_chunks"]
+    handles = [engine.submit(list(range(1, 40 + 9 * i)), SamplingParams(temperature=0, max_tokens=5))
+               for i in range(3)]
+    run_until_done(engine, handles)
+    calls = core.counters["decode_steps"] + core.counters["prefill_chunks"] - base_calls
+    steps = program.step_seconds - base_steps
+    assert calls > 0 and steps == calls * STEP
+    assert core.compute_seconds - base_core == steps
+
+
+def test_host_work_outside_the_compiled_step_is_not_compute(tiny_model):
+    engine = _fake_clock_engine(tiny_model)
+    core = engine.core
     h = engine.submit([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=4))
-    base = engine.core.compute_seconds
+    base = core.compute_seconds
+    base_calls = core.counters["decode_steps"] + core.counters["prefill_chunks"]
     run_until_done(engine, [h], check_every_cycle=False)
-    decodes = engine.core.counters["decode_steps"]
+    decodes = core.counters["decode_steps"]
     assert decodes >= 3
-    # Counting the host work would make compute at least 0.2 s per decode step.
-    assert engine.core.compute_seconds - base < 0.2 * decodes / 2
+    calls = decodes + core.counters["prefill_chunks"] - base_calls
+    # Counting the host work would add HOST per decode step.
+    assert core.compute_seconds - base == calls * STEP
