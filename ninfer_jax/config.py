@@ -73,6 +73,9 @@ class EngineConfig:
     # PAUSE-2: Snapshot (copy the unique content to Host, read it back on resume) or Replay
     # (recompute what was computed); "auto" lets the cost model compare copy vs recompute.
     pause_route: str = "auto"
+    # Speculative decoding with the checkpoint's MTP head (issue 17): k drafts per decode row,
+    # verified by the main model in one step (0: off, 1..4). Needs mtp_num_hidden_layers > 0.
+    speculative_tokens: int = 0
 
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
@@ -101,6 +104,9 @@ class EngineConfig:
             raise ConfigError("max_queue", f"must be a positive int, got {self.max_queue!r}")
         if self.pause_route not in PAUSE_ROUTES:
             raise ConfigError("pause_route", f"must be one of {PAUSE_ROUTES}, got {self.pause_route!r}")
+        k = self.speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 4:
+            raise ConfigError("speculative_tokens", f"must be an int in [0, 4] (0: off), got {k!r}")
         if not isinstance(self.context_cache, ContextCacheConfig):
             raise ConfigError("context_cache", "must be a ContextCacheConfig")
 

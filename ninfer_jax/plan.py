@@ -348,6 +348,19 @@ def usable_bytes(device_bytes: int, fraction: float) -> int:
     return int(Fraction(device_bytes) * Fraction(repr(float(fraction))))
 
 
+def speculative_pools(config: EngineConfig, model: ModelConfig, itemsize: int) -> tuple[tuple[int, int], ...]:
+    """The backend KV pools of `config` (RES-1): with `speculative_tokens`, the MTP layers' K/V,
+    one 64-token page of their geometry per Main KV page (it rides in the Main KV page units,
+    spec_steps.py); else none. A ConfigError when the model has no MTP layers."""
+    if not config.speculative_tokens:
+        return ()
+    n = model.mtp_num_hidden_layers
+    if not n:
+        raise ConfigError("speculative_tokens", f"{config.model} has no MTP head (config mtp_num_hidden_layers "
+                                                "is 0): speculative decoding needs one; use 0")
+    return ((cap.PAGE_TOKENS, n * 2 * model.num_key_value_heads * model.head_dim * itemsize * cap.PAGE_TOKENS),)
+
+
 def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, device=None,
                   resident_bytes: int = 0) -> CapacityPlan:
     """The capacity plan of `config` on `model` at `itemsize` bytes per element, or a ConfigError:
@@ -364,7 +377,7 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
     weights = parameters * itemsize
     ws = workspace(config, model, itemsize)
     compiled = compiled_step_bytes(config, model)
-    backend_pools: tuple[tuple[int, int], ...] = ()  # no backend KV pool is built yet (engine.md)
+    backend_pools = speculative_pools(config, model, itemsize)
 
     # CFG-2: where the device's memory comes from.
     in_use_reported = None

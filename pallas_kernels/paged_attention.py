@@ -159,10 +159,12 @@ def _attend_reference(q, k, v, key_limit, scale):
     return o.reshape(r, t, hq, d)
 
 
-def prefill_attention_reference(q, k_pages, v_pages, page_table, start_pos, lengths, *, scale):
+def prefill_attention_reference(q, k_pages, v_pages, page_table, start_pos, lengths, *, scale, key_offset=0):
+    """`key_offset` (static): the row's logical key s is stored at slot s + key_offset of its pages,
+    slots below the offset are never read (the MTP layers store index i at slot i + 1)."""
     r, t = q.shape[:2]
-    k = _gather_row_kv(k_pages, page_table)
-    v = _gather_row_kv(v_pages, page_table)
+    k = _gather_row_kv(k_pages, page_table)[:, key_offset:]
+    v = _gather_row_kv(v_pages, page_table)[:, key_offset:]
     tt = jnp.arange(t, dtype=jnp.int32)[None, :]
     key_limit = start_pos[:, None].astype(jnp.int32) + tt + 1  # causal, inclusive of self
     o = _attend_reference(q, k, v, key_limit, scale)

@@ -34,6 +34,8 @@ import random
 import time
 from typing import Sequence
 
+import numpy as np
+
 import ledger
 from ledger import Refusal
 from ninfer_jax.engine import sampling
@@ -70,6 +72,7 @@ COUNTERS = (
     "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
     "captures", "captures_skipped", "reclaims", "reclaim_quotes", "full_hits", "waits",
     "cache_queries", "cache_hits_private", "cache_hits_shared", "branch_points",
+    "spec_verify_units", "spec_drafted_tokens", "spec_accepted_tokens",
 )
 
 
@@ -97,6 +100,10 @@ class EngineCore(UnitPlanning):
         self._last_turn = 0  # ticket of the last prefill turn (SCH-8 rotation)
         self.cycle_seconds = 0.0  # wall time in step(), for the overhead figure
         self.compute_seconds = 0.0  # wall time inside the Program's compiled steps (`_compute`)
+        # Speculative decoding (issue 17): drafts per Verify unit, and how many were accepted at
+        # each draft position.
+        self.spec_k = getattr(program, "speculative_tokens", 0)
+        self.spec_accepted_by_position = [0] * self.spec_k
 
     # ---- intake (any thread) ---------------------------------------------------------
     def make_request(self, prompt: Sequence[int], sp: SamplingParams, request_id: str | None,
@@ -341,6 +348,9 @@ class EngineCore(UnitPlanning):
         return out
 
     def _run_decode(self, rows: list[Request]) -> None:
+        if self.spec_k:
+            self._run_verify(rows)
+            return
         # The rows' page lists are passed as they are (read during the call, never kept): a
         # 45k-token context holds ~700 pages, copied for nothing every cycle otherwise.
         logits = self._compute(self.program.decode, [DecodeRow(r.output[-1], r.fed, r.pages, r.slot) for r in rows])
@@ -356,6 +366,72 @@ class EngineCore(UnitPlanning):
                 self._sample(r, None, picks[i], now)
             else:
                 self._sample(r, logits[i], None, now)
+
+    def _run_verify(self, rows: list[Request]) -> None:
+        """Speculative decode (issue 17): each row's Verify unit scores its token and its drafts
+        in one step; the emitted tokens are the target's own choices at each position (greedy:
+        the argmax; sampled: the draw of `sampling.sample` with the position's uniform; forced:
+        the recorded token), accepted drafts being those equal to that choice. This is the
+        standard speculative sampling for a deterministic drafter (accept d with probability
+        min(1, p(d)/q(d)) = p(d), else draw from the residual p without d), with the acceptance
+        uniform and the residual draw coupled through the one (seed, position) uniform: the
+        tokens are exactly those of decoding without drafts (doctrine 1), across batching,
+        reuse and pauses. The state is committed at the last token fed (CKP-2/3); a rejected
+        position leaves nothing that is ever read."""
+        wanted = [self._drafts(r) for r in rows]
+        logits, drafts = self._compute(self.program.spec_decode,
+                                       [DecodeRow(r.output[-1], r.fed, r.pages, r.slot) for r in rows], wanted)
+        self.counters["decode_steps"] += 1
+        now = self.program.clock()
+        keep, ends = [], []
+        for i, r in enumerate(rows):
+            choices = self._verified_choices(r, logits[i], drafts[i], wanted[i])
+            reason = None
+            fed = 0
+            for token, lp in choices:  # emitted in order; a finish drops the rest (never fed)
+                reason = self._emit(r, token, lp, now)
+                fed += 1
+                if reason is not None:
+                    break
+            accepted = min(fed, len(choices) - 1)  # drafts among the emitted tokens
+            self.counters["spec_verify_units"] += 1
+            self.counters["spec_drafted_tokens"] += wanted[i]
+            self.counters["spec_accepted_tokens"] += accepted
+            for j in range(accepted):
+                self.spec_accepted_by_position[j] += 1
+            keep.append(fed - 1)  # positions n .. n+fed-1 were fed: the state after n+fed-1 is kept
+            ends.append((r, fed, reason))
+        self._compute(self.program.spec_commit, keep)
+        for r, fed, reason in ends:
+            r.fed += fed
+            if r.fed > r.computed:
+                r.computed = r.fed
+            if reason is not None:
+                self._finish(r, reason)
+
+    def _verified_choices(self, req: Request, logits, drafts, wanted: int) -> list:
+        """(token, logprob entry) of each position the Verify unit decides: the target's choice at
+        positions n+1.., up to and including the first that differs from its draft (or the bonus
+        token after `wanted` accepted drafts)."""
+        sp = req.sampling
+        out = list(req.output)
+        base = len(req.prompt)
+        choices = []
+        for j in range(wanted + 1):
+            lp = None
+            if sp.forced_output:
+                token = sp.forced_output[len(out)]
+                if sp.logprobs:
+                    lp = sampling.logprob_of(logits[j], sp, token, req.prompt, out)
+            elif sampling.plain_greedy(sp):
+                token = int(np.argmax(np.asarray(logits[j], np.float32)))
+            else:
+                token, lp = sampling.sample(logits[j], sp, req.seed, base + len(out), req.prompt, out)
+            choices.append((token, lp))
+            out.append(token)
+            if j == wanted or token != int(drafts[j]):
+                break
+        return choices
 
     def _run_prefill(self, req: Request) -> None:
         n = self._chunk(req)
@@ -401,8 +477,6 @@ class EngineCore(UnitPlanning):
     def _sample(self, req: Request, logits, token: int | None = None, now: float | None = None) -> None:
         """Commit the row's next token: `token` when the batch already chose it (plain greedy
         rows share one argmax), else drawn from `logits` here. `now`: the batch's clock."""
-        if req.recovery_permit is not None:
-            self.preempt.end_recovery(req)  # RES-5: a generated token is real new progress
         lp = None
         sp = req.sampling
         output = req.output
@@ -412,6 +486,17 @@ class EngineCore(UnitPlanning):
         elif token is None:
             position = len(req.prompt) + len(output)
             token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output)
+        reason = self._emit(req, token, lp, now)
+        if reason is not None:
+            self._finish(req, reason)
+
+    def _emit(self, req: Request, token: int, lp, now: float | None = None) -> str | None:
+        """Append a chosen token to the output and stream it; returns the finish reason it
+        causes ("stop", "length") or None. The caller finishes the request."""
+        if req.recovery_permit is not None:
+            self.preempt.end_recovery(req)  # RES-5: a generated token is real new progress
+        sp = req.sampling
+        output = req.output
         if now is None:
             now = self.program.clock()
         if req.t_first_token is None:
@@ -432,9 +517,10 @@ class EngineCore(UnitPlanning):
         req.handle._push(TokenDelta((token,), text, (lp,) if lp is not None else ()))
         n = len(output)
         if detok.stopped or token in req.stop_ids or n == len(sp.forced_output) > 0:
-            self._finish(req, "stop")
-        elif n >= sp.max_tokens or len(req.prompt) + n >= req.max_context:
-            self._finish(req, "length")
+            return "stop"
+        if n >= sp.max_tokens or len(req.prompt) + n >= req.max_context:
+            return "length"
+        return None
 
     # ---- ends and errors ---------------------------------------------------------------
     def _release(self, req: Request, publish: bool = False) -> None:

@@ -103,6 +103,12 @@ class Engine:
         if program is None:
             from ninfer_jax.program.program import Program
 
+            if self.config.speculative_tokens:  # a model without an MTP head is refused before loading it
+                from ninfer_jax.engine.preflight import itemsize, model_config
+                from ninfer_jax.plan import speculative_pools
+
+                speculative_pools(self.config, model_config(self.config.model), itemsize(self.config))
+
             if self.config.progress:
                 print(f"[ninfer] loading {self.config.model} ({self.config.resolved_dtype})", file=sys.stderr)
             program = Program(self.config)
@@ -311,6 +317,7 @@ class Engine:
                        queued=len(self.core.fresh), paused=len(self.core.preempt),
                        warmup_seconds=self.warmup_seconds,
                        cost_model=self.core.reuse.rates.stats())  # SRC-3: the prices in use
+            out["spec_accepted_by_position"] = list(self.core.spec_accepted_by_position)
             out.update(occupancy(self.program.state))
             out["histograms"] = {k: h.snapshot() for k, h in self.core.histograms.items()}
             return out

@@ -39,9 +39,28 @@ class UnitPlanning:
         return self._chunk_end(req, req.fed) - req.fed
 
     def _unit_end(self, req: Request, at: int) -> int:
-        """RD-7: where the unit starting at `at` reaches: one decode step past the target, or
-        one prefill chunk of the configured size."""
-        return at + 1 if at >= len(req.target) else self._chunk_end(req, at)
+        """RD-7: where the unit starting at `at` reaches: one decode step past the target (with
+        speculative decoding the Verify unit's peak, `_decode_span`), or one prefill chunk of
+        the configured size."""
+        return at + self._decode_span(req) if at >= len(req.target) else self._chunk_end(req, at)
+
+    def _drafts(self, req: Request) -> int:
+        """Drafts the row's next Verify unit checks: k, fewer where max_tokens, max_context or a
+        forced output leaves room for fewer tokens (a Verify unit emits up to drafts + 1)."""
+        k = self.spec_k
+        if not k:
+            return 0
+        out = len(req.output)
+        sp = req.sampling
+        room = min(sp.max_tokens - out, req.max_context - len(req.prompt) - out)
+        if sp.forced_output:
+            room = min(room, len(sp.forced_output) - out)
+        return max(0, min(k, room - 1))
+
+    def _decode_span(self, req: Request) -> int:
+        """Positions a decode unit writes from the frontier: 1, or 1 + drafts for a Verify unit
+        (RES-1: its speculative peak is reserved like any unit's pages)."""
+        return 1 + self._drafts(req) if self.spec_k else 1
 
     def _prefill_turn(self) -> Request | None:
         """SCH-7/SCH-8: the recovery holder rebuilding first; otherwise prefilling residents
@@ -60,7 +79,7 @@ class UnitPlanning:
         reclaimed = False
         turn = self._prefill_turn()
         holder = self.preempt.holder
-        if turn is None and holder is None and all(r.phase == DECODE and r.fed < len(r.pages) * PAGE
+        if turn is None and holder is None and all(r.phase == DECODE and r.fed + self._decode_span(r) <= len(r.pages) * PAGE
                                                    for r in self.residents):
             # The common decode cycle: every row's next token lands in a page it holds (RES-2),
             # so no row applies and nothing is planned or committed.
@@ -69,7 +88,8 @@ class UnitPlanning:
             rows, demands, free = [], [], set()
             for r in self.residents:
                 if r.phase == DECODE:
-                    need, kind = self._pages_needed(r, r.fed + 1), UnitKind.DECODE
+                    need = self._pages_needed(r, r.fed + self._decode_span(r))
+                    kind = UnitKind.VERIFY if self.spec_k else UnitKind.DECODE
                 elif r is turn:
                     kind = UnitKind.REPLAY if r.replaying else UnitKind.PREFILL
                     need = self._pages_needed(r, r.fed + self._chunk(r))
@@ -172,7 +192,7 @@ class UnitPlanning:
         for req, pid in grants:
             if pid is NO_UNITS:
                 continue  # RES-2: its pages are all bound already
-            upto = req.fed + (1 if req.phase == DECODE else self._chunk(req))
+            upto = req.fed + (self._decode_span(req) if req.phase == DECODE else self._chunk(req))
             n = self._pages_needed(req, upto)
             if n:
                 plan = ledger.plan_allocate(self.program.state, MAIN_KV, n, req.key, permit_id=pid)

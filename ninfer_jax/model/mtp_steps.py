@@ -2,9 +2,10 @@
 
 Pool (a pytree of device arrays, donated to every step):
   mtp_kv = {"k": (per MTP layer) [num_pages, page_size, Hkv, D],  "v": same}
-It is a backend pool of its own, typed by the MTP layers' geometry (RES-1: `MTPPoolGeometry`
-gives page size and bytes per token), addressed through its own per-row page table; Main KV is
-never touched here.
+Its geometry (RES-1: `MTPPoolGeometry`, page size and bytes per token) is the MTP layers'; the
+engine keeps these leaves inside the Main KV page units (spec_steps.py), addressed by the same
+page table; Main KV itself is never touched here. Index i is stored at slot i + 1 of the row's
+pages (`mtp_attention`); every argument below is in MTP indices.
 
 MTP index t reads (main final-normed hidden t, token t+1) at position t, writes its K/V at t
 and predicts token t+2 (the convention of `modules.MTPHead`). With the main model's execution
@@ -30,9 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.steps import PAGE_SIZE, StepArgumentError, _arg, paged_attention_chunk
+from ninfer_jax.model.steps import PAGE_SIZE, StepArgumentError, _arg
+from pallas_kernels import paged_attention
 
 MAX_DRAFT = 4  # EngineConfig(speculative_tokens) is 0..4
+SLOT_SHIFT = 1  # MTP index i is stored at page slot i + 1 (see `mtp_attention`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +116,25 @@ def _mtp_chunk(lm, pool, final, next_tokens, start_pos, lengths, page_table, cfg
     x = head.fuse(final, lm.embed_tokens(next_tokens))
     ks, vs = list(pool["k"]), list(pool["v"])
     for i, layer in enumerate(head.layers):
-        h, ks[i], vs[i] = paged_attention_chunk(layer, layer.mixer_norm(x), positions, ks[i], vs[i],
-                                                page_table, start_pos, lengths, cfg, backend)
+        h, ks[i], vs[i] = mtp_attention(layer, layer.mixer_norm(x), positions, ks[i], vs[i], page_table,
+                                        start_pos, lengths, cfg, backend)
         x = layer.feed_forward(x + h)
     return head.out_norm(x), {"k": tuple(ks), "v": tuple(vs)}
+
+
+def mtp_attention(layer, h, positions, k_pages, v_pages, page_table, start_pos, lengths, cfg, backend):
+    """The MTP layer's attention over its pages, index i stored at slot i + 1 (SLOT_SHIFT): RoPE
+    at the index, causal over indices 0..i. The shift puts index i — (main hidden i, token i+1) —
+    in the page of main position i+1, so the MTP K/V of a context ends where its Main KV ends
+    and a row writes MTP K/V only at slots >= its execution frontier, in pages it owns (a cached
+    point's shared full pages are never written, whatever frontier it is adopted at). The slot
+    gather runs the XLA path on every backend: one MTP layer, the main layers keep the kernel."""
+    q, k, v, gate = layer.attention_project(h, positions)
+    k_pages, v_pages = paged_attention.write_kv(k_pages, v_pages, k, v, page_table, start_pos + SLOT_SHIFT,
+                                                lengths, backend=backend)
+    o = paged_attention.prefill_attention_reference(q, k_pages, v_pages, page_table, start_pos, lengths,
+                                                    scale=cfg.head_dim ** -0.5, key_offset=SLOT_SHIFT)
+    return layer.attention_output(o, gate), k_pages, v_pages
 
 
 def mtp_prefill(params, pool, final, next_tokens, start_pos, lengths, page_table, *, cfg: ModelConfig,

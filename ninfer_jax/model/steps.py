@@ -81,7 +81,7 @@ def _write_state(state: dict, j: int, slots, conv, rec, backend: str) -> dict:
 def _set_layer(kv: dict, a: int, k_pages, v_pages) -> dict:
     k, v = list(kv["k"]), list(kv["v"])
     k[a], v[a] = k_pages, v_pages
-    return {"k": tuple(k), "v": tuple(v)}
+    return dict(kv, k=tuple(k), v=tuple(v))  # other leaves (the MTP layers', spec_steps.py) pass through
 
 
 class StepArgumentError(ValueError):
@@ -163,8 +163,8 @@ def _module(params, cfg: ModelConfig, merger: Merger | None) -> HybridLM:
 def paged_attention_chunk(layer, h, positions, k_pages, v_pages, page_table, start_pos, lengths,
                           cfg: ModelConfig, backend: str):
     """One gated-attention mixer over a ragged chunk: h `[R, T, H]` (normed), positions `[R, T]`.
-    Writes the chunk's K/V into the row's pages, then attends causally over them; shared by the
-    main layers and the MTP layers (their own pool). Returns (out `[R, T, H]`, k_pages, v_pages)."""
+    Writes the chunk's K/V into the row's pages, then attends causally over them. Returns (out
+    `[R, T, H]`, k_pages, v_pages)."""
     q, k, v, gate = layer.attention_project(h, positions)
     k_pages, v_pages = paged_attention.write_kv(k_pages, v_pages, k, v, page_table, start_pos, lengths,
                                                 backend=backend)
@@ -183,12 +183,14 @@ def main_attention_chunk(layer, h, positions, kv, attn: int, page_table, start_p
 
 def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slots, *,
                   cfg: ModelConfig, backend: str = "xla", all_logits: bool = False,
-                  merger: Merger | None = None):
+                  merger: Merger | None = None, with_final: bool = False):
     """tokens `[R, T]`, start_pos/lengths/slots `[R]`, page_table `[R, P]`; `params` the
     model's split leaves with their `merger`, or the params dict (merger None).
 
     Returns (logits, hidden, kv, state): logits `[R, V]` at each row's last valid token (or
-    `[R, T, V]` with all_logits), hidden `[R, H]` the continuation hidden of that token.
+    `[R, T, V]` with all_logits), hidden `[R, H]` the continuation hidden of that token; with
+    `with_final`, also the final-normed hidden of every position `[R, T, H]` (the MTP layers'
+    input, spec_steps.py).
     """
     check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg)
     lm = _module(params, cfg, merger)
@@ -224,6 +226,8 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
     last = final[jnp.arange(r), jnp.maximum(lengths - 1, 0)]
     state = dict(state, hidden=page_copy.scatter(state["hidden"], writes, last, backend=backend))
     logits = lm.logits(final if all_logits else last)
+    if with_final:
+        return logits, last, kv, state, final
     return logits, last, kv, state
 
 
@@ -311,7 +315,7 @@ class CompiledSteps:
                              "dtype): build new CompiledSteps for this Program")
 
     def _executable(self, kind: str, fn, args: tuple, static: dict):
-        bucket = (kind,) + tuple(a.shape for a in args[3:]) + tuple(sorted(static.items()))
+        bucket = (kind,) + tuple(a.shape for a in jax.tree.leaves(args[3:])) + tuple(sorted(static.items()))
         exe = self._executables.get(bucket)
         if exe is None:
             start = time.perf_counter()
@@ -344,3 +348,31 @@ class CompiledSteps:
     def decode(self, kv, state, tokens, positions, page_table, slots):
         args = (self.model.functional[1], kv, state, tokens, positions, page_table, slots)
         return self._run("decode", self._decode, args, {}, check_decode_args)
+
+    # ---- speculative decoding (spec_steps.py) ----------------------------------------------
+    def enable_speculative(self, k: int) -> None:
+        """Build the MTP steps for `k` drafts per row: the model with its MTP head split once
+        over the same device arrays (mtp_steps.MTPSteps), the pools donated as above."""
+        from ninfer_jax.model import spec_steps
+        from ninfer_jax.model.mtp_steps import MTPSteps
+
+        mtp = MTPSteps.for_model(self.model, self.backend)
+        self.speculative_tokens = k
+        self._spec_leaves = mtp.leaves
+        common = dict(cfg=self.model.config, backend=self.backend, merger=mtp.merger)
+        self._spec_prefill = jax.jit(functools.partial(spec_steps.prefill_spec, **common), donate_argnums=(1, 2))
+        self._spec_decode = jax.jit(functools.partial(spec_steps.spec_decode, k=k, **common), donate_argnums=(1,))
+        self._spec_commit = jax.jit(functools.partial(spec_steps.spec_commit, **common), donate_argnums=(1, 2))
+
+    def prefill_spec(self, kv, state, tokens, start_pos, lengths, page_table, slots):
+        args = (self._spec_leaves, kv, state, tokens, start_pos, lengths, page_table, slots)
+        return self._run("prefill_spec", self._spec_prefill, args, {}, check_prefill_args)
+
+    def spec_decode(self, kv, state, tokens, positions, page_table, slots, wanted):
+        args = (self._spec_leaves, kv, state, tokens, positions, page_table, slots, wanted)
+        return self._run("spec_decode", self._spec_decode, args, {},
+                         lambda kv, state, *rest: check_decode_args(kv, state, *rest[:4], rest[-1]))
+
+    def spec_commit(self, kv, state, verified, final, drafts, positions, keep, page_table, slots):
+        args = (self._spec_leaves, kv, state, verified, final, drafts, positions, keep, page_table, slots)
+        return self._run("spec_commit", self._spec_commit, args, {}, lambda kv, state, *rest: check_pools(kv, state, rest[-1]))

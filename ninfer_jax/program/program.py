@@ -21,6 +21,7 @@ import numpy as np
 import ledger
 from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
 from ninfer_jax.model.model import Model, lm_head, load_model
+from ninfer_jax.model.spec_steps import add_mtp_leaves
 from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
 from ninfer_jax.program import calibrate
 from ninfer_jax.program.stores import ProgramStores
@@ -76,10 +77,17 @@ class Program:
         resident = sum(leaf.nbytes for leaf in jax.tree.leaves(self.model.params))
         self.capacity: Capacity = resolve_capacity(config, cfg, itemsize, resident_bytes=resident)
         kv, state = init_pools(cfg, self.capacity.kv_pages, self.capacity.state_slots, self.model.dtype)
+        self.speculative_tokens = config.speculative_tokens
+        if self.speculative_tokens:  # the MTP layers' K/V ride in the Main KV page units (spec_steps.py)
+            kv = add_mtp_leaves(kv, cfg, self.model.dtype)
         if steps is None:
             steps = CompiledSteps(self.model, backend=config.backend, progress=config.progress)
+            if self.speculative_tokens:
+                steps.enable_speculative(self.speculative_tokens)
         elif steps.model is not self.model or steps.backend != config.backend:
             raise ValueError("shared CompiledSteps must be of the same model and kernel backend")
+        elif getattr(steps, "speculative_tokens", 0) != self.speculative_tokens:
+            raise ValueError("shared CompiledSteps must draft as many speculative tokens as this config")
         steps.bind_pools(kv, state)
         self.stores = ProgramStores([UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, kv, PAGE_SIZE),
                                      UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, state)],
@@ -90,7 +98,9 @@ class Program:
         self.chunk_size = config.chunk_size
         self.decode_buckets = decode_buckets(config.max_concurrency)
         # State computed under another model, dtype or kernel backend is never adopted (CKP-4).
-        self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}"
+        # Pages written with MTP K/V (speculative_tokens > 0) are their own execution (CKP-4).
+        self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}" + ("|mtp" if self.speculative_tokens else "")
+        self._verify = None  # the Verify unit in flight between `spec_decode` and `spec_commit`
         self._hidden_logits = jax.jit(lm_head)
         # Wall time inside the compiled model steps, from the call to their logits on the host;
         # building their inputs is control work and is not counted (the engine's control figure).
@@ -125,7 +135,10 @@ class Program:
     def _run(self, kind: str, *args):
         kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
-        fn = self.steps.prefill if kind == "prefill" else self.steps.decode
+        if kind == "prefill":
+            fn = self.steps.prefill_spec if self.speculative_tokens else self.steps.prefill
+        else:
+            fn = self.steps.decode
         logits, _, kv, state = fn(kv_pool.tree, st_pool.tree, *args)
         kv_pool.replace(kv)
         st_pool.replace(state)
@@ -154,6 +167,11 @@ class Program:
     def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
         """One decode step for each row; logits `[len(rows), V]`."""
         n = len(rows)
+        return self._step("decode", *self._rows(rows))[:n]
+
+    def _rows(self, rows: Sequence[DecodeRow]):
+        """Padded decode-row arrays of `rows` in their bucket: tokens, positions, table, slots."""
+        n = len(rows)
         bucket = next((b for b in self.decode_buckets if b >= n), None)
         if not n or bucket is None:
             raise ValueError(f"{n} decode rows; expected 1..{self.decode_buckets[-1]}")
@@ -164,7 +182,44 @@ class Program:
         table = np.zeros((bucket, self.capacity.pages_per_request), np.int32)
         for i, r in enumerate(rows):
             table[i, :len(r.pages)] = r.pages
-        return self._step("decode", tokens, positions, table, slots)[:n]
+        return tokens, positions, table, slots
+
+    def spec_decode(self, rows: Sequence[DecodeRow], wanted: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The Verify unit of each row (spec_steps.spec_decode): `wanted[i]` drafts (0..k) after the
+        row's token. Returns (logits `[n, k+1, V]` of positions n..n+k, drafts `[n, k]`); nothing
+        is committed until `spec_commit`, which must follow before any other step."""
+        if not self.speculative_tokens:
+            raise ValueError("spec_decode needs EngineConfig(speculative_tokens > 0)")
+        n = len(rows)
+        tokens, positions, table, slots = self._rows(rows)
+        want = np.zeros(len(slots), np.int32)
+        want[:n] = wanted
+        t0 = self.clock()
+        kv_pool = self.stores.pools[ledger.MAIN_KV]
+        st_pool = self.stores.pools[ledger.STATE_POOL]
+        logits, drafts, final, verified, kv = self.steps.spec_decode(kv_pool.tree, st_pool.tree, tokens, positions,
+                                                                     table, slots, want)
+        kv_pool.replace(kv)
+        self._verify = (verified, final, drafts, positions, table, slots)
+        out = np.asarray(logits)[:n], np.asarray(drafts)[:n]
+        self.step_seconds += self.clock() - t0
+        return out
+
+    def spec_commit(self, keep: Sequence[int]) -> None:
+        """Commit `keep[i]` accepted drafts of the Verify units `spec_decode` ran (keep <= wanted):
+        state, continuation hidden and the accepted positions' MTP K/V (spec_steps.spec_commit)."""
+        verified, final, drafts, positions, table, slots = self._verify
+        self._verify = None
+        kept = np.zeros(len(slots), np.int32)
+        kept[:len(keep)] = keep
+        t0 = self.clock()
+        kv_pool = self.stores.pools[ledger.MAIN_KV]
+        st_pool = self.stores.pools[ledger.STATE_POOL]
+        kv, state = self.steps.spec_commit(kv_pool.tree, st_pool.tree, verified, final, drafts, positions, kept,
+                                           table, slots)
+        kv_pool.replace(kv)
+        st_pool.replace(state)
+        self.step_seconds += self.clock() - t0
 
     def hidden_logits(self, slot: int, last_token: int = 0, position: int = 0) -> np.ndarray:
         """Logits `[V]` from a StateImage's continuation hidden: an exact hit of a whole prompt
@@ -184,6 +239,10 @@ class Program:
         self._run("prefill", jnp.zeros((1, self.chunk_size), jnp.int32), jnp.zeros(1, jnp.int32),
                   jnp.zeros(1, jnp.int32), jnp.zeros((1, p), jnp.int32), jnp.full(1, -1, jnp.int32))
         for b in self.decode_buckets:
+            if self.speculative_tokens:  # every decode row runs as a Verify unit; plain decode is not used
+                self.spec_decode([DecodeRow(0, 0, (), -1)] * b, [0] * b)
+                self.spec_commit([0] * b)
+                continue
             self._run("decode", jnp.zeros(b, jnp.int32), jnp.zeros(b, jnp.int32), jnp.zeros((b, p), jnp.int32),
                       jnp.full(b, -1, jnp.int32))
         self.hidden_logits(0)
