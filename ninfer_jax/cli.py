@@ -53,6 +53,8 @@ _MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", None, "Engine: reques
 _MAX_CONTEXT = flags.DEFINE_integer("max_context", None, "Engine: longest prompt + generation, in tokens.")
 _CHUNK_SIZE = flags.DEFINE_integer("chunk_size", None, "Engine: prefill chunk length in tokens.")
 _KV_CAPACITY = flags.DEFINE_integer("kv_capacity", None, "Engine: Main KV capacity in tokens.")
+_SPECULATIVE_TOKENS = flags.DEFINE_integer("speculative_tokens", None, "Engine: MTP draft tokens verified per "
+                                           "decode step (0 = off, 1..4; the model needs an MTP head).")
 _PAUSE_ROUTE = flags.DEFINE_enum("pause_route", None, ["auto", "snapshot", "replay"],
                                  "Engine: how a preempted request keeps its work (auto: the cost model "
                                  "compares copying to Host with recomputing).")
@@ -211,7 +213,8 @@ def _prompt_arg():
 def _engine_settings() -> dict:
     return {"dtype": _DTYPE.value, "max_concurrency": _MAX_CONCURRENCY.value,
             "max_context": _MAX_CONTEXT.value, "chunk_size": _CHUNK_SIZE.value, "kv_capacity": _KV_CAPACITY.value,
-            "pause_route": _PAUSE_ROUTE.value, "device_state_slots": _DEVICE_STATE_SLOTS.value,
+            "pause_route": _PAUSE_ROUTE.value, "speculative_tokens": _SPECULATIVE_TOKENS.value,
+            "device_state_slots": _DEVICE_STATE_SLOTS.value,
             "host_capacity_bytes": _HOST_CAPACITY_BYTES.value, "device_memory_bytes": _DEVICE_MEMORY_BYTES.value,
             "device_memory_fraction": _DEVICE_MEMORY_FRACTION.value, "branch_points": _BRANCH_POINTS.value}
 

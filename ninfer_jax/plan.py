@@ -148,10 +148,11 @@ def workspace(config: EngineConfig, model: ModelConfig, itemsize: int) -> Worksp
 
 
 def compiled_step_programs(config: EngineConfig) -> int:
-    """Model-step programs compiled at warm-up: one prefill bucket and every decode bucket."""
+    """Model-step programs compiled at warm-up: one prefill bucket and every decode bucket (with
+    speculative decoding two per bucket: the draft-and-verify step and the commit)."""
     from ninfer_jax.program.program import decode_buckets
 
-    return 1 + len(decode_buckets(config.max_concurrency))
+    return 1 + (2 if config.speculative_tokens else 1) * len(decode_buckets(config.max_concurrency))
 
 
 def compiled_program_bytes(model: ModelConfig) -> int:

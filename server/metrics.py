@@ -39,11 +39,20 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...], tuple[tuple[tuple[str, ...], st
      ((("finished",), "requests_finished"), (("cancelled",), "requests_cancelled"),
       (("failed",), "requests_failed"))),
     ("requests_submitted", "Requests submitted.", (), (((), "requests_submitted"),)),
+    ("spec_draft_tokens", "Draft tokens the MTP head proposed (speculative decoding).", (),
+     (((), "spec_drafted_tokens"),)),
+    ("spec_accepted_tokens", "Draft tokens accepted by verification and emitted.", (),
+     (((), "spec_accepted_tokens"),)),
+    ("spec_rejected_tokens", "Draft tokens not emitted (rejected, or after a rejection or a stop).", (),
+     (((), "spec_rejected_tokens"),)),
+    ("spec_verify_units", "Verify units run (one per decoding row and step).", (), (((), "spec_verify_units"),)),
 )
 GAUGES = (
     ("requests_running", "Requests holding a lane.", "residents"),
     ("requests_waiting", "Requests in the fresh queue.", "queued"),
     ("requests_paused", "Paused requests.", "paused"),
+    ("spec_mean_accepted_length", "Tokens emitted per Verify unit (1 + accepted drafts), since start.",
+     "spec_mean_accepted_length"),
 )
 HISTOGRAMS = (
     ("time_to_first_token_seconds", "Submission to first token.", "time_to_first_token_seconds"),
@@ -67,6 +76,12 @@ def families(stats: dict[str, Any]) -> Iterator:
     for name, doc, key in GAUGES:
         if key in stats:
             yield GaugeMetricFamily(P + name, doc, value=float(stats[key]))
+    if stats.get("spec_accepted_by_position"):
+        fam = CounterMetricFamily(P + "spec_accepted_tokens_by_position",
+                                  "Accepted draft tokens by draft position (1 = the first draft).", labels=["position"])
+        for i, n in enumerate(stats["spec_accepted_by_position"]):
+            fam.add_metric([str(i + 1)], float(n))
+        yield fam
     used = GaugeMetricFamily(P + "pool_units_used", "Device pool units in use.", labels=["pool"])
     total = GaugeMetricFamily(P + "pool_units_total", "Device pool units.", labels=["pool"])
     for key, value in stats.items():

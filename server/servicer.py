@@ -185,6 +185,9 @@ class NInferServicer(RunningRequests, pb_grpc.NInferServicer):
                     out.counters[key] = int(value)
                 elif isinstance(value, float):
                     out.values[key] = value
+                elif isinstance(value, list) and all(isinstance(v, int) for v in value):
+                    for i, v in enumerate(value):  # spec_accepted_by_position -> ..._1, _2, ...
+                        out.counters[f"{key}_{i + 1}"] = v
             return out
 
         return self._call(context, stats)

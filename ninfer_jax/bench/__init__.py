@@ -13,6 +13,7 @@ BENCHES = {
     "ledger": "ninfer_jax.bench.ledger_bench",
     "engine": "ninfer_jax.bench.engine_bench",
     "preempt": "ninfer_jax.bench.preempt_bench",
+    "spec": "ninfer_jax.bench.spec_bench",
 }
 
 

@@ -317,7 +317,12 @@ class Engine:
                        queued=len(self.core.fresh), paused=len(self.core.preempt),
                        warmup_seconds=self.warmup_seconds,
                        cost_model=self.core.reuse.rates.stats())  # SRC-3: the prices in use
+            # Speculative decoding (issue 17): acceptance of draft position j (1-based j+1), drafts
+            # not emitted, and tokens emitted per Verify unit (1 + accepted drafts on average).
             out["spec_accepted_by_position"] = list(self.core.spec_accepted_by_position)
+            out["spec_rejected_tokens"] = out["spec_drafted_tokens"] - out["spec_accepted_tokens"]
+            units = out["spec_verify_units"]
+            out["spec_mean_accepted_length"] = 1.0 + out["spec_accepted_tokens"] / units if units else 0.0
             out.update(occupancy(self.program.state))
             out["histograms"] = {k: h.snapshot() for k, h in self.core.histograms.items()}
             return out

@@ -17,6 +17,7 @@ import numpy as np
 
 import ledger
 from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
+from ninfer_jax.errors import ConfigError
 from ninfer_jax.model import builtin
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.program import calibrate
@@ -118,6 +119,8 @@ class SimProgram:
         StateImage, so Host capacity and transfers are in real bytes) and no bytes are stored;
         by default every unit is one byte and moved for real. `capacity`: these pool sizes
         instead of the device solve (a cache byte budget split by `ninfer_jax.plan.split_cache_bytes`)."""
+        if config.speculative_tokens:
+            raise ConfigError("speculative_tokens", "the cost-model Program does not model speculative decoding: use 0")
         self.config = config
         cfg = model_config if model_config is not None else builtin.config()
         self.dtype = self.sim_dtype(config, model_config)

@@ -58,6 +58,7 @@ class SoakConfig:
     kv: int = 1  # Main KV pages above the CFG-6 minimum
     slots: int = 1  # device_state_slots beyond the C basic ones
     host: int = 0  # Host arena, in StateImages' worth
+    mtp: int = 0  # EngineConfig.speculative_tokens (MTP drafts per Verify unit)
 
     @property
     def min_pages(self) -> int:
@@ -69,14 +70,14 @@ class SoakConfig:
 
     def spec(self) -> str:
         return (f"route={self.route},C={self.c},ctx={self.ctx},chunk={self.chunk},kv=+{self.kv},"
-                f"slots={self.slots},host={self.host}")
+                f"slots={self.slots},host={self.host}" + (f",mtp={self.mtp}" if self.mtp else ""))
 
     __str__ = spec
 
     @classmethod
     def parse(cls, text: str) -> "SoakConfig":
         names = {"route": "route", "C": "c", "c": "c", "ctx": "ctx", "chunk": "chunk", "kv": "kv",
-                 "slots": "slots", "host": "host"}
+                 "slots": "slots", "host": "host", "mtp": "mtp"}
         kw: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             k, v = part.split("=", 1)
@@ -88,6 +89,7 @@ class SoakConfig:
 
         return dict(max_concurrency=self.c, max_context=self.ctx, chunk_size=self.chunk,
                     kv_capacity=self.kv_pages * PAGE, pause_route=self.route, progress=False,
+                    speculative_tokens=self.mtp,
                     context_cache=ContextCacheConfig(device_state_slots=self.slots,
                                                      host_capacity_bytes=self.host * state_image_bytes))
 
@@ -96,7 +98,7 @@ def random_config(rng: random.Random) -> SoakConfig:
     c = rng.choice((2, 2, 3, 3, 4))
     return SoakConfig(route=rng.choice(("snapshot", "replay", "auto")), c=c, ctx=rng.choice((256, 256, 384)),
                       chunk=rng.choice((16, 32)), kv=rng.choice((0, 1, 1, 1, 2)), slots=rng.choice((0, 1, 2)),
-                      host=rng.choice((0, 0, 1, 2, 3, 4, 6, 8)))
+                      host=rng.choice((0, 0, 1, 2, 3, 4, 6, 8)), mtp=rng.choice((0, 0, 0, 2, 4)))
 
 
 def state_image_bytes() -> int:

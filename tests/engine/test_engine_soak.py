@@ -34,9 +34,11 @@ CI_CONFIGS = (
     SoakConfig(route="snapshot", c=3, ctx=256, chunk=16, kv=1, slots=1, host=8),
     SoakConfig(route="replay", c=2, ctx=256, chunk=32, kv=1, slots=0, host=0),
     SoakConfig(route="auto", c=4, ctx=256, chunk=32, kv=1, slots=2, host=3),
+    # MTP speculative decoding (issue 17): Verify units reserve their speculative peak.
+    SoakConfig(route="auto", c=3, ctx=256, chunk=16, kv=1, slots=1, host=3, mtp=3),
 )
 CI_SEEDS = (0,)  # one run per configuration: each engine's warm-up (~10 s) dominates the time
-CI_REQUESTS = 16  # 3 configurations x 16 = 48 requests
+CI_REQUESTS = 16  # 4 configurations x 16 = 64 requests
 BUDGET_SEEDS_PER_CONFIG = 3
 BUDGET_REQUESTS = 24
 
@@ -84,7 +86,7 @@ def _check_routes(reports, where: str) -> None:
             f"{where}: pause_route='auto' configurations never paused ({dict(by['auto'])})")
 
 
-@pytest.mark.parametrize("cfg", CI_CONFIGS, ids=lambda c: c.route)
+@pytest.mark.parametrize("cfg", CI_CONFIGS, ids=lambda c: c.route + (f"-mtp{c.mtp}" if c.mtp else ""))
 def test_soak_ci(soak, cfg):
     n_fail = len(soak.failures)
     reports = [r for r in (soak.run(cfg, seed, CI_REQUESTS) for seed in CI_SEEDS) if r is not None]
