@@ -35,18 +35,10 @@ def _pct(values, q) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
-def _one(model, c: int, per_lane: int, max_tokens: int) -> dict:
-    cfg = EngineConfig(max_concurrency=c, max_context=512, chunk_size=64, progress=False,
-                       context_cache=ContextCacheConfig(host_capacity_bytes=64 << 20))
-    engine = Engine(cfg, program=Program(cfg, model=model))
-    rng = np.random.default_rng(c)
-    prompts = [rng.integers(0, 1000, int(rng.integers(16, 200))).tolist() for _ in range(per_lane * c)]
-    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    stamps: list[list[float]] = []
-    threads = []
-    core = engine.core
-    base_cycle, base_compute = core.cycle_seconds, core.compute_seconds
-    start = time.perf_counter()
+def submit_streams(engine, prompts, sp) -> tuple[list, list[list[float]]]:
+    """Submit every prompt at once to a running engine, one consumer thread per request
+    timestamping each streamed delta; returns (handles, stamps) once every request ended."""
+    handles, stamps, threads = [], [], []
     for p in prompts:
         handle = engine.submit(p, sp)
         times: list[float] = []
@@ -59,8 +51,23 @@ def _one(model, c: int, per_lane: int, max_tokens: int) -> dict:
         th = threading.Thread(target=consume, daemon=True)
         th.start()
         threads.append(th)
+        handles.append(handle)
     for th in threads:
         th.join()
+    return handles, stamps
+
+
+def _one(model, c: int, per_lane: int, max_tokens: int) -> dict:
+    cfg = EngineConfig(max_concurrency=c, max_context=512, chunk_size=64, progress=False,
+                       context_cache=ContextCacheConfig(host_capacity_bytes=64 << 20))
+    engine = Engine(cfg, program=Program(cfg, model=model))
+    rng = np.random.default_rng(c)
+    prompts = [rng.integers(0, 1000, int(rng.integers(16, 200))).tolist() for _ in range(per_lane * c)]
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    core = engine.core
+    base_cycle, base_compute = core.cycle_seconds, core.compute_seconds
+    start = time.perf_counter()
+    _, stamps = submit_streams(engine, prompts, sp)
     wall = time.perf_counter() - start
     stats = engine.stats()
     cycle = core.cycle_seconds - base_cycle

@@ -14,11 +14,10 @@ Flags after `spec`: --max_tokens N (default 64), --requests_per_lane N (default 
 from __future__ import annotations
 
 import sys
-import threading
-import time
 
 from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
 from ninfer_jax.bench import int_arg
+from ninfer_jax.bench.engine_bench import submit_streams
 from ninfer_jax.model.model import load_model
 from ninfer_jax.program.program import Program
 
@@ -50,29 +49,13 @@ def _one(model, c: int, k: int, work: list[list[int]], max_tokens: int) -> dict:
                        context_cache=ContextCacheConfig(enabled=False))
     engine = Engine(cfg, program=Program(cfg, model=model))
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    stamps: list[list[float]] = []
-    threads, handles = [], []
-    for p in work:
-        handle = engine.submit(p, sp)
-        times: list[float] = []
-        stamps.append(times)
-
-        def consume(h=handle, t=times):
-            for delta in h.stream():
-                t.extend([time.perf_counter()] * len(delta.token_ids))
-
-        th = threading.Thread(target=consume, daemon=True)
-        th.start()
-        threads.append(th)
-        handles.append(handle)
-    for th in threads:
-        th.join()
+    handles, stamps = submit_streams(engine, work, sp)  # one stamp per delta: a Verify unit streams token by token
     tokens = [h.result().token_ids for h in handles]
     stats = engine.stats()
     engine.close()
     first = min(t[0] for t in stamps)
     last = max(t[-1] for t in stamps)
-    decoded = sum(len(t) - 1 for t in stamps)
+    decoded = sum(len(t) - 1 for t in tokens)  # stamps may hold a final text-only delta
     units = stats["spec_verify_units"]
     # Per draft position j: the share of Verify units that emitted draft j (the last units of a
     # request draft fewer, as max_tokens leaves less room).
