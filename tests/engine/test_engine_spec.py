@@ -133,16 +133,31 @@ def test_spec_forced_output_and_stops(tiny_model, plain):
     assert_idle_and_empty(engine)
 
 
-def test_spec_cached_equals_cold(tiny_model, plain):
+def _accepted(engine, work) -> tuple:
+    """(tokens, drafts accepted) of one request run alone."""
+    before = engine.stats()["spec_accepted_tokens"]
+    tokens = _run(engine, work)[0].token_ids
+    return tokens, engine.stats()["spec_accepted_tokens"] - before
+
+
+CACHES = {"device": ContextCacheConfig(host_capacity_bytes=4 << 20),
+          # no spare StateImage slot: points are demoted to Host between turns and read back
+          "host": ContextCacheConfig(device_state_slots=0, host_capacity_bytes=4 << 20)}
+
+
+@pytest.mark.parametrize("where", list(CACHES))
+def test_spec_cached_equals_cold(tiny_model, plain, where):
     """Every source kind with drafts on: a shared system prompt (shared markers), a turn that
     extends the previous prompt and output (E), an exact repeat (a full hit sampling from the
-    continuation hidden), greedy and seeded; the MTP K/V travel in the adopted pages, so the
-    first Verify unit after a hit accepts drafts as a cold one would."""
+    continuation hidden), greedy and seeded; on the device and through Host demotions. The MTP
+    K/V travel in the adopted pages, so a request after a hit accepts exactly the drafts a cold
+    run accepts (drafts computed from a page's MTP K/V: had they not travelled, the drafts and
+    their acceptance would differ)."""
     rng = np.random.default_rng(12)
     system = rng.integers(0, 1000, 70).tolist()
     seeded = SamplingParams(temperature=0.9, top_k=50, seed=3, max_tokens=16, ignore_eos=True)
     engine = make_engine(tiny_model, max_concurrency=2, max_context=320, chunk_size=16, speculative_tokens=2,
-                         context_cache=ContextCacheConfig(host_capacity_bytes=4 << 20))
+                         context_cache=CACHES[where])
     cold = make_engine(tiny_model, max_concurrency=2, max_context=320, chunk_size=16, speculative_tokens=2,
                        context_cache=ContextCacheConfig(enabled=False))
     turns = []
@@ -151,16 +166,19 @@ def test_spec_cached_equals_cold(tiny_model, plain):
         out_a = list(_run(engine, [(a, sp)])[0].token_ids)
         b = a + out_a + rng.integers(0, 1000, 12).tolist()
         turns += [(a, sp), (b, sp), (a, sp), (system + rng.integers(0, 1000, 25).tolist(), sp)]
-    got = []
-    for p, sp in turns:
-        got.append(_run(engine, [(p, sp)])[0].token_ids)
+    got = [_accepted(engine, [(p, sp)]) for p, sp in turns]
     stats = engine.stats()
     assert stats["cache_hits"] >= 6 and stats["full_hits"] >= 2, stats
-    for (p, sp), g in zip(turns, got):
+    if where == "host":
+        assert stats["h2d_bytes"] > 0 and stats["d2h_bytes"] > 0, stats
+    want = []
+    for p, sp in turns:
         cold.clear_cache()
-        assert g == _run(cold, [(p, sp)])[0].token_ids
+        want.append(_accepted(cold, [(p, sp)]))
+    assert got == want
+    assert sum(n for _, n in got) > 0
     plain.clear_cache()
-    assert got == [_run(plain, [(p, sp)])[0].token_ids for p, sp in turns]
+    assert [t for t, _ in got] == [_run(plain, [(p, sp)])[0].token_ids for p, sp in turns]
     assert_idle_and_empty(engine)
 
 
