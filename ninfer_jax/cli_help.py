@@ -20,11 +20,12 @@ HELPFULL_ARGS = ("--helpfull", "-helpfull")
 SAMPLING = ("max_tokens", "temperature", "seed")
 MODEL = ("model", "dtype")
 REMOTE = ("server", "token", "timeout", "wait_s")
-ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_route", "device_state_slots",
-          "host_capacity_bytes", "branch_points", "device_memory_bytes", "device_memory_fraction", "compilation_cache")
+ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_route", "speculative_tokens",
+          "device_state_slots", "host_capacity_bytes", "branch_points", "device_memory_bytes", "device_memory_fraction",
+          "compilation_cache")
 # What sizes the capacity plan (ninfer plan); the other engine flags are accepted and change nothing.
 CAPACITY = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "device_state_slots",
-            "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction")
+            "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction", "speculative_tokens")
 
 # ninfer trace --program=sim: one byte budget for the pools instead of the device solve (docs/trace.md).
 CACHE_BUDGET = ("cache_device_bytes", "split", "split_sweep", "skip_too_long")
