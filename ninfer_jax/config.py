@@ -127,6 +127,7 @@ class Capacity:
     state_slots: int  # C basic + device_state_slots (CFG-4)
     host_capacity_bytes: int  # the Host arena (CFG-5)
     pages_per_request: int  # ceil(max_context / 64): a request's page-table width
+    mtp_pages: int = 0  # the MTP backend KV pool's pages (speculative decoding), as many tokens as Main KV
 
 
 def resolve_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, device=None,

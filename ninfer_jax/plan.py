@@ -241,7 +241,8 @@ class CapacityPlan:
     @property
     def capacity(self) -> Capacity:
         return Capacity(kv_pages=self.kv_pages, state_slots=self.state_slots,
-                        host_capacity_bytes=self.host_arena_bytes, pages_per_request=self.pages_per_request)
+                        host_capacity_bytes=self.host_arena_bytes, pages_per_request=self.pages_per_request,
+                        mtp_pages=sum(cap.backend_pages(self.kv_pages, pt) for pt, _ in self.backend_pools))
 
     def as_dict(self) -> dict[str, Any]:
         """One JSON object (`ninfer plan --json`)."""
@@ -350,9 +351,9 @@ def usable_bytes(device_bytes: int, fraction: float) -> int:
 
 
 def speculative_pools(config: EngineConfig, model: ModelConfig, itemsize: int) -> tuple[tuple[int, int], ...]:
-    """The backend KV pools of `config` (RES-1): with `speculative_tokens`, the MTP layers' K/V,
-    one 64-token page of their geometry per Main KV page (it rides in the Main KV page units,
-    spec_steps.py); else none. A ConfigError when the model has no MTP layers."""
+    """The backend KV pools of `config` (RES-1): with `speculative_tokens`, the MTP layers' K/V in
+    64-token pages of their own geometry, as many tokens as the Main KV (spec_steps.MTP_POOL);
+    else none. A ConfigError when the model has no MTP layers."""
     if not config.speculative_tokens:
         return ()
     n = model.mtp_num_hidden_layers

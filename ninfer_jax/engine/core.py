@@ -297,6 +297,8 @@ class EngineCore(UnitPlanning):
         req.slot_object, req.slot = bound.state_object, state.objects[bound.state_object].device.location
         req.page_objects = list(bound.page_objects)
         req.pages = [state.objects[o].device.location for o in bound.page_objects]
+        req.mtp_page_objects = list(bound.mtp_objects)
+        req.mtp_pages = [state.objects[o].device.location for o in bound.mtp_objects]
         req.fed = bound.frontier
         if req.t_admitted is None:
             if req.raw:
@@ -380,7 +382,8 @@ class EngineCore(UnitPlanning):
         position leaves nothing that is ever read."""
         wanted = [self._drafts(r) for r in rows]
         logits, drafts = self._compute(self.program.spec_decode,
-                                       [DecodeRow(r.output[-1], r.fed, r.pages, r.slot) for r in rows], wanted)
+                                       [DecodeRow(r.output[-1], r.fed, r.pages, r.slot, r.mtp_pages) for r in rows],
+                                       wanted)
         self.counters["decode_steps"] += 1
         now = self.program.clock()
         keep, ends = [], []
@@ -436,7 +439,8 @@ class EngineCore(UnitPlanning):
     def _run_prefill(self, req: Request) -> None:
         n = self._chunk(req)
         tokens = req.target[req.fed:req.fed + n]
-        logits = self._compute(self.program.prefill, tokens, req.fed, req.pages, req.slot)
+        logits = self._compute(self.program.prefill, tokens, req.fed, req.pages, req.slot,
+                               *((req.mtp_pages,) if self.spec_k else ()))
         self.counters["prefill_chunks"] += 1
         replay = req.replaying
         # OBS-1: recomputing what was computed before a pause is Replay; the rest is prefill.
@@ -463,7 +467,8 @@ class EngineCore(UnitPlanning):
         return req.ident.prefix(n)
 
     def view(self, req: Request):
-        return self.reuse.view(req.ticket, self._identity(req, req.fed), req.slot_object, req.page_objects)
+        return self.reuse.view(req.ticket, self._identity(req, req.fed), req.slot_object, req.page_objects,
+                               req.mtp_page_objects)
 
     def _after_prefill(self, req: Request, lo: int) -> None:
         """Report compute demand (HEAT-2) and capture at the semantic frontier the chunk ended
@@ -546,6 +551,7 @@ class EngineCore(UnitPlanning):
 
     def _unbind(self, req: Request) -> None:
         req.pages, req.page_objects, req.slot, req.slot_object = [], [], None, None
+        req.mtp_pages, req.mtp_page_objects = [], []
         req.fed = 0
         if req in self.residents:
             self.residents.remove(req)

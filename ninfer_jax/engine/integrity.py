@@ -29,13 +29,19 @@ def check_engine(core) -> None:
         units = [state.objects[o].device.location for o in req.page_objects]
         if units != req.pages:
             raise err(f"{key}: page table {req.pages} differs from the ledger {units}")
+        units = [state.objects[o].device.location for o in req.mtp_page_objects]
+        if units != req.mtp_pages:
+            raise err(f"{key}: MTP page table {req.mtp_pages} differs from the ledger {units}")
+        if core.spec_k and len(req.mtp_pages) != len(req.pages):
+            raise err(f"{key}: {len(req.mtp_pages)} MTP pages for {len(req.pages)} Main KV pages")
     for r in core.residents:
         if r.slot_object is None or r.key not in held:
             raise err(f"resident {r.request_id} has no StateImage slot")
         if len(r.pages) * PAGE < r.fed:
             raise err(f"{r.request_id}: frontier {r.fed} beyond its {len(r.pages)} pages")
         # BIND-5: what the writer computes into in place has no (stale) Host replica.
-        writable = [r.slot_object] + ([r.page_objects[-1]] if r.page_objects and r.fed % PAGE else [])
+        tails = [pages[-1] for pages in (r.page_objects, r.mtp_page_objects) if pages and r.fed % PAGE]
+        writable = [r.slot_object] + tails
         for oid in writable:
             if state.objects[oid].host is not None:
                 raise err(f"{r.request_id} writes object {oid} in place but it keeps a Host replica")

@@ -85,6 +85,9 @@ class Request:
     fed: int = 0  # execution_frontier
     pages: list[int] = dataclasses.field(default_factory=list)  # Main KV units, logical order
     page_objects: list[int] = dataclasses.field(default_factory=list)
+    # The MTP backend KV pool's units and objects (speculative decoding), one per Main KV page.
+    mtp_pages: list[int] = dataclasses.field(default_factory=list)
+    mtp_page_objects: list[int] = dataclasses.field(default_factory=list)
     slot: int | None = None
     slot_object: int | None = None
     computed: int = 0  # the furthest frontier ever computed: recomputing below it is Replay (OBS-1)
@@ -128,7 +131,8 @@ class Request:
 
     @property
     def objects(self) -> list[int]:
-        return self.page_objects + ([self.slot_object] if self.slot_object is not None else [])
+        return (self.page_objects + self.mtp_page_objects
+                + ([self.slot_object] if self.slot_object is not None else []))
 
     def completion(self) -> Completion:
         def since_submit(t: float | None) -> float | None:  # OBS-2: first-event times from submission

@@ -18,6 +18,7 @@ from ledger import (MAIN_KV, Applicant, ApplicantKind, BindRequest, CacheResult,
 from ledger.effects import CopyToDevice, CopyToHost
 from ninfer_jax.engine.branch_points import KnownHistories
 from ninfer_jax.engine.transactions import Pending, Transactions
+from ninfer_jax.model.spec_steps import MTP_POOL
 from ninfer_jax.program import calibrate
 
 MAX_RETRIES = 4
@@ -40,6 +41,7 @@ class Bound(NamedTuple):
     state_object: int
     page_objects: tuple[int, ...]
     permit: int | None
+    mtp_objects: tuple[int, ...] = ()  # the MTP backend KV pages taken (speculative decoding)
 
 
 class ContextCache:
@@ -48,6 +50,9 @@ class ContextCache:
         self.counters = counters
         self.enabled = enabled
         self.execution = execution  # model, dtype, backend: state from elsewhere is never adopted (CKP-4)
+        # KV pools a sequence holds pages in: Main KV, and the MTP backend KV with speculative
+        # decoding (RES-1: its pages come with every unit, capture and bind like Main KV's).
+        self.mtp = bool(getattr(program, "speculative_tokens", 0))
         self.cache = ledger.empty_cache()
         self.txns = Transactions(self)  # the one context transaction, in flight across cycles (TXN-1, SCH-9)
         # SRC-3: the Program's prices (calibrated at warm-up, injected, or the ledger's default
@@ -194,7 +199,7 @@ class ContextCache:
             src = self.cache.checkpoints.get(cand.cid)
             protect = src.object_ids() if src is not None else ()  # the whole source stays (RCL-8)
             need = -(-unit_end(cand.frontier) // page) - -(-cand.frontier // page)
-            unit = UnitDemand(owner, kind, {MAIN_KV: max(0, need)})
+            unit = UnitDemand(owner, kind, self.unit_pools(max(0, need)))
             permit = given
             if cand.missing:  # a Host copy: bring it back to Device first (BIND-5, TXN-*)
                 if permit is not None:  # what the transaction brought back is gone again
@@ -239,23 +244,26 @@ class ContextCache:
             if permit is None:
                 permit = next((o[1] for o in got.outcome if o[0] == "permit"), None)
             pages = dict(view[2]).get(MAIN_KV, ())
-            self._drop_stale_host(view[1], pages, cand.frontier)
+            mtp = dict(view[2]).get(MTP_POOL, ())
+            self._drop_stale_host(view[1], (pages, mtp), cand.frontier)
             if not resume:
                 self.counters["cache_queries"] += 1  # one per fresh admission: hits / queries
             if cand.frontier and not resume:
                 self.counters["cache_hits"] += 1
                 self.counters["cache_hits_private" if cand.private else "cache_hits_shared"] += 1
                 self.counters["reused_tokens"] += cand.frontier
-            return Bound(cand.frontier, cand.takeover, view[1], tuple(pages), permit)
+            return Bound(cand.frontier, cand.takeover, view[1], tuple(pages), permit, tuple(mtp))
         if given is not None and given in self.program.state.permits:
             self.program.commit(ledger.plan_settle(self.program.state, given, owner))
         return last
 
-    def _drop_stale_host(self, state_object: int, pages, frontier: int) -> None:
+    def _drop_stale_host(self, state_object: int, page_lists, frontier: int) -> None:
         """BIND-5: the writer computes into its StateImage and appends into a partial tail
-        page in place, so a Host replica of either would go stale: drop it now (the Device
-        replica is complete), or a later restore from Host would read old bytes (doctrine 1)."""
-        writable = [state_object] + ([pages[-1]] if pages and frontier % ledger.PAGE_TOKENS else [])
+        page in place (of each KV pool it holds), so a Host replica of any would go stale: drop
+        it now (the Device replica is complete), or a later restore from Host would read old
+        bytes (doctrine 1)."""
+        tail = frontier % ledger.PAGE_TOKENS
+        writable = [state_object] + [pages[-1] for pages in page_lists if pages and tail]
         for oid in writable:
             o = self.program.state.objects[oid]
             if o.host is not None:
@@ -300,10 +308,18 @@ class ContextCache:
             self.apply(ledger.plan_release_wait(self.program.state, self.cache, request))
 
     # ---- prefill, captures, ends -------------------------------------------------------------
-    @staticmethod
-    def view(request, ident: ledger.InputIdentity, state_object, page_objects) -> SequenceView:
-        """What the request holds now; `ident` covers exactly its execution frontier."""
-        return SequenceView(request, ident, state_object, ((MAIN_KV, tuple(page_objects)),))
+    def view(self, request, ident: ledger.InputIdentity, state_object, page_objects, mtp_objects=()) -> SequenceView:
+        """What the request holds now; `ident` covers exactly its execution frontier. With
+        speculative decoding the MTP backend KV pages are held and captured alongside (CKP-1)."""
+        kv = ((MAIN_KV, tuple(page_objects)),)
+        if self.mtp:
+            kv += ((MTP_POOL, tuple(mtp_objects)),)
+        return SequenceView(request, ident, state_object, kv)
+
+    def unit_pools(self, pages: int) -> dict:
+        """The typed pool units of a unit needing `pages` more Main KV pages (RES-1): the same
+        count of MTP backend KV pages with speculative decoding (same page size, same frontier)."""
+        return {MAIN_KV: pages, MTP_POOL: pages} if self.mtp else {MAIN_KV: pages}
 
     def observe(self, request, ident: ledger.InputIdentity, lo: int, hi: int, candidates: Sequence[int]) -> None:
         """HEAT-2: compute demand of a new prefill commit (never for Replay, PAUSE-5)."""

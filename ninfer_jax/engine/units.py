@@ -12,6 +12,7 @@ import math
 import ledger
 from ledger import MAIN_KV, Refusal, UnitDemand, UnitKind
 from ninfer_jax.engine.request import DECODE, PREFILL, Request
+from ninfer_jax.model.spec_steps import MTP_POOL
 
 PAGE = ledger.PAGE_TOKENS
 # A unit whose pages are all bound already (most decode steps: one page holds PAGE tokens)
@@ -101,7 +102,7 @@ class UnitPlanning:
                     free.add(id(r))  # RES-2: nothing to reserve, nothing to refuse
                     continue
                 rows.append(r)
-                demands.append(UnitDemand(r.key, kind, {MAIN_KV: need}))
+                demands.append(UnitDemand(r.key, kind, self.reuse.unit_pools(need)))
             plan = ledger.plan_cycle_permits(self.program.state, demands) if demands else None
             results = plan.proof.rows if plan is not None else ()
             refused = [r for r, got in zip(rows, results) if isinstance(got, Refusal)]
@@ -173,7 +174,7 @@ class UnitPlanning:
         if not need:
             self._last_turn = turn.ticket
             return turn, NO_UNITS  # RES-2: nothing to reserve
-        plan = ledger.plan_cycle_permits(self.program.state, [UnitDemand(turn.key, kind, {MAIN_KV: need})])
+        plan = ledger.plan_cycle_permits(self.program.state, [UnitDemand(turn.key, kind, self.reuse.unit_pools(need))])
         got = plan.proof.rows[0]
         if isinstance(got, Refusal):
             return None
@@ -200,6 +201,12 @@ class UnitPlanning:
                 for obj, _, unit in plan.proof.allocated:
                     req.page_objects.append(obj)
                     req.pages.append(unit)
+                if self.spec_k:  # the MTP backend KV pages of the same positions (RES-1)
+                    plan = ledger.plan_allocate(self.program.state, MTP_POOL, n, req.key, permit_id=pid)
+                    self.program.commit(plan)
+                    for obj, _, unit in plan.proof.allocated:
+                        req.mtp_page_objects.append(obj)
+                        req.mtp_pages.append(unit)
 
     def _settle_permit(self, req: Request, pid: int) -> None:
         self.program.commit(ledger.plan_settle(self.program.state, pid, req.key))

@@ -1,14 +1,14 @@
 """The engine's speculative decoding steps (issue 17): MTP drafts, the Verify unit, the commit.
 
-The MTP layers' K/V live in the Main KV page units, as extra leaves of the `kv` pool
-(`mtp_k`, `mtp_v`: per MTP layer `[num_pages, PAGE_SIZE, Hkv, D]`, `add_mtp_leaves`). MTP index i
-— (main final hidden i, token i+1) — is stored at slot i + 1 (mtp_steps.SLOT_SHIFT), i.e. in the
-page of main position i + 1, so a page unit holds a context's Main KV and MTP K/V for the same
-positions: every ledger path that moves a page (capture, copy-on-write, demotion to Host and
-read-back, Snapshot, reclaim) moves both, and a cached point's pages carry the MTP K/V a resume
-needs (CKP-1). The row invariant between cycles, at execution frontier n (main KV 0..n-1, the
-state after n-1, the continuation hidden of n-1 in the slot): MTP indices 0..n-2 are final
-(computed from main hiddens), at slots 1..n-1.
+The MTP layers' K/V are a backend KV pool of their own (RES-1, `MTP_POOL`: `{"k", "v"}`, per MTP
+layer `[num_pages, PAGE_SIZE, Hkv, D]`, mtp_steps.init_mtp_pool), addressed through each row's
+own MTP page table (`mtp_table`), its units reserved, captured, bound, demoted and reclaimed by
+the ledger like Main KV pages. MTP index i — (main final hidden i, token i+1) — is stored at
+slot i + 1 (mtp_steps.SLOT_SHIFT), so a context's MTP coverage has the Main KV's page count and
+a row writes MTP K/V only at or past its frontier (its own tail page, copied on write like the
+Main KV's). The row invariant between cycles, at execution frontier n (main KV 0..n-1, the state
+after n-1, the continuation hidden of n-1 in the slot): MTP indices 0..n-2 are final (computed
+from main hiddens), at slots 1..n-1 — the CKP-1 backend frontier of a point captured there.
 
 - `prefill_spec`: a main prefill chunk, then the MTP layers over the chunk's indices start-1 ..
   end-2 (the first from the slot's continuation hidden, read before the chunk overwrites it):
@@ -27,76 +27,64 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.mtp_steps import _mtp_chunk, init_mtp_pool
+from ninfer_jax.model.mtp_steps import _mtp_chunk
 from ninfer_jax.model.steps import check_decode_args, prefill_chunk
 from ninfer_jax.model.verify_step import keep_verified, verify_step
 from pallas_kernels import page_copy
 
-MTP_K, MTP_V = "mtp_k", "mtp_v"
+MTP_POOL = "backend_kv:mtp"  # the ledger pool id of the MTP layers' K/V (RES-1 backend KV)
 
 
-def add_mtp_leaves(kv: dict, cfg: ModelConfig, dtype) -> dict:
-    """`kv` with the MTP layers' K/V leaves, one page per Main KV page (zeros)."""
-    pool = init_mtp_pool(cfg, kv["k"][0].shape[0], dtype, page_size=kv["k"][0].shape[1])
-    return dict(kv, **{MTP_K: pool["k"], MTP_V: pool["v"]})
-
-
-def _mtp(kv: dict) -> dict:
-    return {"k": kv[MTP_K], "v": kv[MTP_V]}
-
-
-def _with_mtp(kv: dict, pool: dict) -> dict:
-    return dict(kv, **{MTP_K: pool["k"], MTP_V: pool["v"]})
-
-
-def prefill_spec(params, kv, state, tokens, start_pos, lengths, page_table, slots, *, cfg: ModelConfig,
-                 merger, backend: str = "xla"):
-    """`prefill_chunk`'s arguments and results; also writes the chunk's MTP K/V (slots start..end-1).
-    A row starting at 0 writes slot 0 from a zero hidden: slot 0 is never read (SLOT_SHIFT)."""
+def prefill_spec(params, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots, *,
+                 cfg: ModelConfig, merger, backend: str = "xla"):
+    """`prefill_chunk`'s arguments plus the MTP pool and table; also writes the chunk's MTP K/V
+    (slots start..end-1). A row starting at 0 writes slot 0 from a zero hidden: slot 0 is never
+    read (SLOT_SHIFT). Returns (logits, hidden, kv, state, mtp)."""
     lm = merger(params)
     prev = page_copy.gather(state["hidden"], jnp.where(start_pos > 0, slots, -1), backend=backend)
     logits, last, kv, state, final = prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table,
                                                    slots, cfg=cfg, backend=backend, merger=merger, with_final=True)
     hidden = jnp.concatenate([prev[:, None].astype(final.dtype), final[:, :-1]], axis=1)
-    _, pool = _mtp_chunk(lm, _mtp(kv), hidden, tokens, start_pos - 1, lengths, page_table, cfg, backend)
-    return logits, last, _with_mtp(kv, pool), state
+    _, mtp = _mtp_chunk(lm, mtp, hidden, tokens, start_pos - 1, lengths, mtp_table, cfg, backend)
+    return logits, last, kv, state, mtp
 
 
-def spec_decode(params, kv, state, tokens, positions, page_table, slots, wanted, *, k: int, cfg: ModelConfig,
-                merger, backend: str = "xla"):
+def spec_decode(params, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted, *, k: int,
+                cfg: ModelConfig, merger, backend: str = "xla"):
     """tokens `[B]` ledger[n], positions `[B]` the frontier n, slots `[B]` (negative: padding row),
     wanted `[B]` drafts to verify per row (0..k; 0 verifies ledger[n] alone, a plain decode).
 
     Returns (logits `[B, k+1, V]` of positions n..n+k, drafts `[B, k]`, final `[B, k+1, H]`,
-    verified states, kv). Rows write Main KV at n..n+wanted and MTP slots n..n+max(wanted,1)-1."""
+    verified states, kv, mtp). Rows write Main KV at n..n+wanted and MTP slots
+    n..n+max(wanted,1)-1."""
     check_decode_args(kv, state, tokens, positions, page_table, slots, cfg)
     lm = merger(params)
     active = slots >= 0
     hidden = page_copy.gather(state["hidden"], slots, backend=backend)
-    pool, token, drafts = _mtp(kv), tokens, []
+    token, drafts = tokens, []
     for i in range(k):  # CKP-3: step 0 is the frontier−1 bridge, later steps recurse on MTP hiddens
         write = (active & ((i == 0) | (i < wanted))).astype(jnp.int32)
-        out, pool = _mtp_chunk(lm, pool, hidden[:, None], token[:, None], positions - 1 + i, write, page_table,
-                               cfg, backend)
+        out, mtp = _mtp_chunk(lm, mtp, hidden[:, None], token[:, None], positions - 1 + i, write, mtp_table,
+                              cfg, backend)
         hidden = out[:, 0]
         token = jnp.argmax(lm.logits(hidden), axis=-1).astype(jnp.int32)
         drafts.append(token)
     drafts = jnp.stack(drafts, axis=1)
     verify_tokens = jnp.concatenate([tokens[:, None], drafts], axis=1)
     lengths = jnp.where(active, wanted + 1, 0).astype(jnp.int32)
-    logits, final, kv, verified = verify_step(params, _with_mtp(kv, pool), state, verify_tokens, positions, lengths,
-                                              page_table, slots, cfg=cfg, backend=backend, merger=merger)
-    return logits, drafts, final, verified, kv
+    logits, final, kv, verified = verify_step(params, kv, state, verify_tokens, positions, lengths, page_table,
+                                              slots, cfg=cfg, backend=backend, merger=merger)
+    return logits, drafts, final, verified, kv, mtp
 
 
-def spec_commit(params, kv, state, verified, final, drafts, positions, keep, page_table, slots, *,
+def spec_commit(params, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots, *,
                 cfg: ModelConfig, merger, backend: str = "xla"):
     """Commit `keep[r]` accepted drafts of each row's Verify unit (keep <= wanted): the state after
     position n+keep into the slot, and MTP indices n..n+keep-1 from the main hiddens. Returns
-    (kv, state)."""
+    (state, mtp)."""
     lm = merger(params)
     state = keep_verified(state, slots, verified, final, keep, backend=backend)
     k = drafts.shape[1]
     lengths = jnp.where(slots >= 0, keep, 0).astype(jnp.int32)
-    _, pool = _mtp_chunk(lm, _mtp(kv), final[:, :k], drafts, positions, lengths, page_table, cfg, backend)
-    return _with_mtp(kv, pool), state
+    _, mtp = _mtp_chunk(lm, mtp, final[:, :k], drafts, positions, lengths, mtp_table, cfg, backend)
+    return state, mtp

@@ -81,7 +81,7 @@ def _write_state(state: dict, j: int, slots, conv, rec, backend: str) -> dict:
 def _set_layer(kv: dict, a: int, k_pages, v_pages) -> dict:
     k, v = list(kv["k"]), list(kv["v"])
     k[a], v[a] = k_pages, v_pages
-    return dict(kv, k=tuple(k), v=tuple(v))  # other leaves (the MTP layers', spec_steps.py) pass through
+    return dict(kv, k=tuple(k), v=tuple(v))
 
 
 class StepArgumentError(ValueError):
@@ -351,8 +351,9 @@ class CompiledSteps:
 
     # ---- speculative decoding (spec_steps.py) ----------------------------------------------
     def enable_speculative(self, k: int) -> None:
-        """Build the MTP steps for `k` drafts per row: the model with its MTP head split once
-        over the same device arrays (mtp_steps.MTPSteps), the pools donated as above."""
+        """Build the MTP steps for `k` drafts per row (spec_steps.py): the model with its MTP head
+        split once over the same device arrays (mtp_steps.MTPSteps), the pools donated as above
+        (the MTP pool too; the state only where it is written)."""
         from ninfer_jax.model import spec_steps
         from ninfer_jax.model.mtp_steps import MTPSteps
 
@@ -360,19 +361,22 @@ class CompiledSteps:
         self.speculative_tokens = k
         self._spec_leaves = mtp.leaves
         common = dict(cfg=self.model.config, backend=self.backend, merger=mtp.merger)
-        self._spec_prefill = jax.jit(functools.partial(spec_steps.prefill_spec, **common), donate_argnums=(1, 2))
-        self._spec_decode = jax.jit(functools.partial(spec_steps.spec_decode, k=k, **common), donate_argnums=(1,))
+        self._spec_prefill = jax.jit(functools.partial(spec_steps.prefill_spec, **common), donate_argnums=(1, 2, 3))
+        self._spec_decode = jax.jit(functools.partial(spec_steps.spec_decode, k=k, **common), donate_argnums=(1, 3))
         self._spec_commit = jax.jit(functools.partial(spec_steps.spec_commit, **common), donate_argnums=(1, 2))
 
-    def prefill_spec(self, kv, state, tokens, start_pos, lengths, page_table, slots):
-        args = (self._spec_leaves, kv, state, tokens, start_pos, lengths, page_table, slots)
-        return self._run("prefill_spec", self._spec_prefill, args, {}, check_prefill_args)
+    def prefill_spec(self, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots):
+        args = (self._spec_leaves, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots)
+        return self._run("prefill_spec", self._spec_prefill, args, {},
+                         lambda kv, state, mtp, tokens, start, lengths, table, mtp_table, slots, cfg:
+                         check_prefill_args(kv, state, tokens, start, lengths, table, slots, cfg))
 
-    def spec_decode(self, kv, state, tokens, positions, page_table, slots, wanted):
-        args = (self._spec_leaves, kv, state, tokens, positions, page_table, slots, wanted)
+    def spec_decode(self, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted):
+        args = (self._spec_leaves, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted)
         return self._run("spec_decode", self._spec_decode, args, {},
-                         lambda kv, state, *rest: check_decode_args(kv, state, *rest[:4], rest[-1]))
+                         lambda kv, state, mtp, tokens, positions, table, mtp_table, slots, wanted, cfg:
+                         check_decode_args(kv, state, tokens, positions, table, slots, cfg))
 
-    def spec_commit(self, kv, state, verified, final, drafts, positions, keep, page_table, slots):
-        args = (self._spec_leaves, kv, state, verified, final, drafts, positions, keep, page_table, slots)
-        return self._run("spec_commit", self._spec_commit, args, {}, lambda kv, state, *rest: check_pools(kv, state, rest[-1]))
+    def spec_commit(self, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots):
+        args = (self._spec_leaves, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots)
+        return self._run("spec_commit", self._spec_commit, args, {}, lambda *a: None)

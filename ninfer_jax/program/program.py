@@ -21,7 +21,8 @@ import numpy as np
 import ledger
 from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
 from ninfer_jax.model.model import Model, lm_head, load_model
-from ninfer_jax.model.spec_steps import add_mtp_leaves
+from ninfer_jax.model.mtp_steps import init_mtp_pool
+from ninfer_jax.model.spec_steps import MTP_POOL
 from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
 from ninfer_jax.program import calibrate
 from ninfer_jax.program.stores import ProgramStores
@@ -36,6 +37,7 @@ class DecodeRow(NamedTuple):
     position: int  # its logical position
     pages: Sequence[int]  # Main KV page units of the request, in logical order (read, not kept)
     slot: int  # its StateImage slot unit
+    mtp_pages: Sequence[int] = ()  # its MTP pool page units (speculative decoding), in logical order
 
 
 def decode_buckets(max_concurrency: int) -> tuple[int, ...]:
@@ -78,8 +80,11 @@ class Program:
         self.capacity: Capacity = resolve_capacity(config, cfg, itemsize, resident_bytes=resident)
         kv, state = init_pools(cfg, self.capacity.kv_pages, self.capacity.state_slots, self.model.dtype)
         self.speculative_tokens = config.speculative_tokens
-        if self.speculative_tokens:  # the MTP layers' K/V ride in the Main KV page units (spec_steps.py)
-            kv = add_mtp_leaves(kv, cfg, self.model.dtype)
+        pools = [UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, kv, PAGE_SIZE),
+                 UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, state)]
+        if self.speculative_tokens:  # the MTP layers' K/V: a backend KV pool of their own (RES-1)
+            pools.append(UnitPool(MTP_POOL, ledger.KV_PAGES, init_mtp_pool(cfg, self.capacity.mtp_pages, self.model.dtype),
+                                  PAGE_SIZE))
         if steps is None:
             steps = CompiledSteps(self.model, backend=config.backend, progress=config.progress)
             if self.speculative_tokens:
@@ -89,16 +94,14 @@ class Program:
         elif getattr(steps, "speculative_tokens", 0) != self.speculative_tokens:
             raise ValueError("shared CompiledSteps must draft as many speculative tokens as this config")
         steps.bind_pools(kv, state)
-        self.stores = ProgramStores([UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, kv, PAGE_SIZE),
-                                     UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, state)],
-                                    self.capacity.host_capacity_bytes)
+        self.stores = ProgramStores(pools, self.capacity.host_capacity_bytes)
         self.steps = steps
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = tuple(cfg.eos_token_id)
         self.chunk_size = config.chunk_size
         self.decode_buckets = decode_buckets(config.max_concurrency)
         # State computed under another model, dtype or kernel backend is never adopted (CKP-4).
-        # Pages written with MTP K/V (speculative_tokens > 0) are their own execution (CKP-4).
+        # Points written with MTP K/V (speculative_tokens > 0) are their own execution (CKP-4).
         self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}" + ("|mtp" if self.speculative_tokens else "")
         self._verify = None  # the Verify unit in flight between `spec_decode` and `spec_commit`
         self._hidden_logits = jax.jit(lm_head)
@@ -135,11 +138,16 @@ class Program:
     def _run(self, kind: str, *args):
         kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
-        if kind == "prefill":
-            fn = self.steps.prefill_spec if self.speculative_tokens else self.steps.prefill
+        if kind == "prefill" and self.speculative_tokens:  # the chunk's MTP K/V too (spec_steps.py)
+            tokens, start, lengths, table, slots, *mtp_table = args
+            mtp_pool = self.stores.pools[MTP_POOL]
+            mtp_table = mtp_table[0] if mtp_table else np.zeros_like(table)  # a padding row writes nothing
+            logits, _, kv, state, mtp = self.steps.prefill_spec(kv_pool.tree, st_pool.tree, mtp_pool.tree, tokens,
+                                                                start, lengths, table, mtp_table, slots)
+            mtp_pool.replace(mtp)
         else:
-            fn = self.steps.decode
-        logits, _, kv, state = fn(kv_pool.tree, st_pool.tree, *args)
+            fn = self.steps.prefill if kind == "prefill" else self.steps.decode
+            logits, _, kv, state = fn(kv_pool.tree, st_pool.tree, *args)
         kv_pool.replace(kv)
         st_pool.replace(state)
         return logits
@@ -152,16 +160,19 @@ class Program:
         self.step_seconds += self.clock() - t0
         return logits
 
-    def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int) -> np.ndarray:
-        """One prefill chunk of one request from frontier `start`; logits `[V]` of its last token."""
+    def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int,
+                mtp_pages: Sequence[int] = ()) -> np.ndarray:
+        """One prefill chunk of one request from frontier `start`; logits `[V]` of its last token.
+        `mtp_pages`: its MTP pool pages (speculative decoding)."""
         n = len(tokens)
         if not 0 < n <= self.chunk_size:
             raise ValueError(f"prefill chunk of {n} tokens; expected 1..{self.chunk_size}")
         buf = np.zeros((1, self.chunk_size), np.int32)
         buf[0, :n] = tokens
         # numpy in, no eager jnp conversions: the compiled step takes host arrays directly.
+        extra = (self._table(mtp_pages)[None],) if self.speculative_tokens else ()
         logits = self._step("prefill", buf, np.array([start], np.int32), np.array([n], np.int32),
-                            self._table(pages)[None], np.array([slot], np.int32))
+                            self._table(pages)[None], np.array([slot], np.int32), *extra)
         return logits[0]
 
     def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
@@ -184,6 +195,12 @@ class Program:
             table[i, :len(r.pages)] = r.pages
         return tokens, positions, table, slots
 
+    def _mtp_table(self, rows: Sequence[DecodeRow], bucket: int) -> np.ndarray:
+        table = np.zeros((bucket, self.capacity.pages_per_request), np.int32)
+        for i, r in enumerate(rows):
+            table[i, :len(r.mtp_pages)] = r.mtp_pages
+        return table
+
     def spec_decode(self, rows: Sequence[DecodeRow], wanted: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The Verify unit of each row (spec_steps.spec_decode): `wanted[i]` drafts (0..k) after the
         row's token. Returns (logits `[n, k+1, V]` of positions n..n+k, drafts `[n, k]`); nothing
@@ -194,13 +211,16 @@ class Program:
         tokens, positions, table, slots = self._rows(rows)
         want = np.zeros(len(slots), np.int32)
         want[:n] = wanted
+        mtp_table = self._mtp_table(rows, len(slots))
         t0 = self.clock()
         kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
-        logits, drafts, final, verified, kv = self.steps.spec_decode(kv_pool.tree, st_pool.tree, tokens, positions,
-                                                                     table, slots, want)
+        mtp_pool = self.stores.pools[MTP_POOL]
+        logits, drafts, final, verified, kv, mtp = self.steps.spec_decode(
+            kv_pool.tree, st_pool.tree, mtp_pool.tree, tokens, positions, table, mtp_table, slots, want)
         kv_pool.replace(kv)
-        self._verify = (verified, final, drafts, positions, table, slots)
+        mtp_pool.replace(mtp)
+        self._verify = (verified, final, drafts, positions, mtp_table, slots)
         out = np.asarray(logits)[:n], np.asarray(drafts)[:n]
         self.step_seconds += self.clock() - t0
         return out
@@ -208,17 +228,17 @@ class Program:
     def spec_commit(self, keep: Sequence[int]) -> None:
         """Commit `keep[i]` accepted drafts of the Verify units `spec_decode` ran (keep <= wanted):
         state, continuation hidden and the accepted positions' MTP K/V (spec_steps.spec_commit)."""
-        verified, final, drafts, positions, table, slots = self._verify
+        verified, final, drafts, positions, mtp_table, slots = self._verify
         self._verify = None
         kept = np.zeros(len(slots), np.int32)
         kept[:len(keep)] = keep
         t0 = self.clock()
-        kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
-        kv, state = self.steps.spec_commit(kv_pool.tree, st_pool.tree, verified, final, drafts, positions, kept,
-                                           table, slots)
-        kv_pool.replace(kv)
+        mtp_pool = self.stores.pools[MTP_POOL]
+        state, mtp = self.steps.spec_commit(st_pool.tree, mtp_pool.tree, verified, final, drafts, positions, kept,
+                                            mtp_table, slots)
         st_pool.replace(state)
+        mtp_pool.replace(mtp)
         self.step_seconds += self.clock() - t0
 
     def hidden_logits(self, slot: int, last_token: int = 0, position: int = 0) -> np.ndarray:

@@ -368,12 +368,14 @@ def test_spec_stats_reach_metrics_and_grpc_counters():
         assert line in text, line
 
 
-def test_spec_mtp_bytes_in_the_plan_and_the_page_unit(tiny_model):
-    """RES-1: the MTP layers' K/V are sized from their geometry — the plan's backend pool is one
-    64-token page of (MTP layers × K,V × kv heads × head dim × itemsize) per Main KV page, its
-    bytes charged to the budget — and the Program's Main KV unit carries exactly those bytes
-    with the page (what the Host arena and every page copy move)."""
+def test_spec_mtp_pool_in_the_plan_and_the_ledger(tiny_model):
+    """RES-1: the MTP layers' K/V are a backend KV pool sized from their geometry — the plan's
+    backend pool is 64-token pages of (MTP layers × K,V × kv heads × head dim × itemsize), as
+    many tokens as Main KV, its bytes charged to the budget — and the Program builds it as a
+    ledger pool of its own (`backend_kv:mtp`, those unit bytes, what the Host arena and every page
+    copy move), the Main KV unit unchanged."""
     from ninfer_jax.model.mtp_steps import mtp_pool_geometry
+    from ninfer_jax.model.spec_steps import MTP_POOL
     from ninfer_jax.plan import compiled_step_programs, plan_capacity
     import ledger
 
@@ -384,9 +386,13 @@ def test_spec_mtp_bytes_in_the_plan_and_the_page_unit(tiny_model):
     g = mtp_pool_geometry(cfg, jnp.float32)
     assert plain_plan.backend_pools == () and spec_plan.backend_pools == ((64, g.page_bytes),)
     assert spec_plan.backend_pool_bytes == spec_plan.kv_pages * g.page_bytes
+    assert spec_plan.capacity.mtp_pages == spec_plan.kv_pages and plain_plan.capacity.mtp_pages == 0
     assert compiled_step_programs(spec) == 1 + 2 * 2 and compiled_step_programs(base) == 1 + 2
     program = Program(spec, model=tiny_model)
     plain_program = Program(base, model=tiny_model)
-    unit = program.stores.pools[ledger.MAIN_KV].unit_bytes
-    assert unit == plain_program.stores.pools[ledger.MAIN_KV].unit_bytes + g.page_bytes
-    assert program.execution_tag != plain_program.execution_tag  # CKP-4: MTP pages are their own execution
+    pools = program.state.pools
+    assert MTP_POOL not in plain_program.state.pools
+    assert pools[MTP_POOL].spec.capacity == spec_plan.kv_pages and pools[MTP_POOL].spec.unit_bytes == g.page_bytes
+    assert pools[MTP_POOL].spec.page_tokens == 64
+    assert program.stores.pools[ledger.MAIN_KV].unit_bytes == plain_program.stores.pools[ledger.MAIN_KV].unit_bytes
+    assert program.execution_tag != plain_program.execution_tag  # CKP-4: MTP points are their own execution
