@@ -323,24 +323,29 @@ def jax_numpy(tree):
     return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"])
-def test_spec_three_architectures_equal_plain(tmp_path, model_type):
-    """Each architecture with a random MTP set, k = 3, C = 2, chunked prefill: greedy and seeded
-    tokens equal decoding without drafts (random drafts are mostly rejected: the rejection
-    path, the commit at the first position, every Verify unit)."""
+# Each architecture at its own (k, C), so that together they span k = 1, 3, 4 and C = 1, 3, 4
+# (the trained model covers every k and C bucket above); one spec engine each.
+ARCH_CASES = [("qwen3_next", 4, 4), ("qwen3_5_text", 1, 1), ("qwen3_5_moe_text", 3, 3)]
+
+
+@pytest.mark.parametrize("model_type, k, c", ARCH_CASES, ids=[f"{m}-k{k}-C{c}" for m, k, c in ARCH_CASES])
+def test_spec_three_architectures_equal_plain(tmp_path, model_type, k, c):
+    """Each architecture with a random MTP set, chunked prefill, C + 1 requests: greedy and
+    seeded tokens equal decoding without drafts (random drafts are mostly rejected: the
+    rejection path, the commit at the first position, every Verify unit)."""
     folder = _random_mtp_folder(tmp_path, model_type)
     model = load_model(folder, "float32")
     vocab = model.config.vocab_size
     work = [(p, GREEDY if i % 2 == 0 else SamplingParams(temperature=0.9, seed=i, max_tokens=12, ignore_eos=True))
-            for i, p in enumerate(_prompts(3, seed=51, vocab=vocab, lo=20, hi=80))]
+            for i, p in enumerate(_prompts(c + 1, seed=51, vocab=vocab, lo=20, hi=80))]
     outs = []
-    for k in (0, 3):
-        cfg = EngineConfig(model=folder, dtype="float32", max_concurrency=2, max_context=160, chunk_size=16,
-                           progress=False, speculative_tokens=k,
+    for kk in (0, k):
+        cfg = EngineConfig(model=folder, dtype="float32", max_concurrency=c if kk else 2, max_context=160,
+                           chunk_size=16, progress=False, speculative_tokens=kk,
                            context_cache=ContextCacheConfig(host_capacity_bytes=1 << 20))
         engine = Engine(cfg, program=Program(cfg, model=model), start=False)
         outs.append([r.token_ids for r in _run(engine, work)])
-        if k:
+        if kk:
             assert engine.stats()["spec_verify_units"] > 0
     assert outs[0] == outs[1]
 
