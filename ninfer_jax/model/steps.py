@@ -325,8 +325,9 @@ class CompiledSteps:
                 self._compiled_pools = _pool_signature(args[1], args[2])
             self.compilations.append(Compilation(bucket, seconds))
             self._executables[bucket] = exe
-            if self.progress:
-                print(f"[ninfer] compiled {kind} bucket {bucket[1:]} in {seconds:.1f}s", file=sys.stderr)
+            if self.progress:  # the per-call array shapes; pools and per-position states are not shown
+                shown = tuple(a.shape for a in args[3:] if hasattr(a, "shape")) + tuple(sorted(static.items()))
+                print(f"[ninfer] compiled {kind} bucket {shown} in {seconds:.1f}s", file=sys.stderr)
         return exe
 
     def _run(self, kind: str, fn, args: tuple, static: dict, check):
