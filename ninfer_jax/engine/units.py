@@ -61,7 +61,7 @@ class UnitPlanning:
     def _decode_span(self, req: Request) -> int:
         """Positions a decode unit writes from the frontier: 1, or 1 + drafts for a Verify unit
         (RES-1: its speculative peak is reserved like any unit's pages)."""
-        return 1 + self._drafts(req) if self.spec_k else 1
+        return 1 + self._drafts(req)
 
     def _prefill_turn(self) -> Request | None:
         """SCH-7/SCH-8: the recovery holder rebuilding first; otherwise prefilling residents

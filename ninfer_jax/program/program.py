@@ -130,11 +130,6 @@ class Program:
         return time.perf_counter()
 
     # ---- execution ------------------------------------------------------------------
-    def _table(self, pages: Sequence[int]) -> np.ndarray:
-        row = np.zeros(self.capacity.pages_per_request, np.int32)
-        row[:len(pages)] = pages
-        return row
-
     def _run(self, kind: str, *args):
         kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
@@ -170,9 +165,9 @@ class Program:
         buf = np.zeros((1, self.chunk_size), np.int32)
         buf[0, :n] = tokens
         # numpy in, no eager jnp conversions: the compiled step takes host arrays directly.
-        extra = (self._table(mtp_pages)[None],) if self.speculative_tokens else ()
+        extra = (self._tables([mtp_pages], 1),) if self.speculative_tokens else ()
         logits = self._step("prefill", buf, np.array([start], np.int32), np.array([n], np.int32),
-                            self._table(pages)[None], np.array([slot], np.int32), *extra)
+                            self._tables([pages], 1), np.array([slot], np.int32), *extra)
         return logits[0]
 
     def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
@@ -190,15 +185,13 @@ class Program:
         tokens = np.array([r.token for r in rows] + [0] * pad, np.int32)
         positions = np.array([r.position for r in rows] + [0] * pad, np.int32)
         slots = np.array([r.slot for r in rows] + [-1] * pad, np.int32)
-        table = np.zeros((bucket, self.capacity.pages_per_request), np.int32)
-        for i, r in enumerate(rows):
-            table[i, :len(r.pages)] = r.pages
-        return tokens, positions, table, slots
+        return tokens, positions, self._tables([r.pages for r in rows], bucket), slots
 
-    def _mtp_table(self, rows: Sequence[DecodeRow], bucket: int) -> np.ndarray:
+    def _tables(self, page_lists, bucket: int) -> np.ndarray:
+        """Page tables `[bucket, pages_per_request]` of the rows' page lists (padding rows: zeros)."""
         table = np.zeros((bucket, self.capacity.pages_per_request), np.int32)
-        for i, r in enumerate(rows):
-            table[i, :len(r.mtp_pages)] = r.mtp_pages
+        for i, pages in enumerate(page_lists):
+            table[i, :len(pages)] = pages
         return table
 
     def spec_decode(self, rows: Sequence[DecodeRow], wanted: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -211,7 +204,7 @@ class Program:
         tokens, positions, table, slots = self._rows(rows)
         want = np.zeros(len(slots), np.int32)
         want[:n] = wanted
-        mtp_table = self._mtp_table(rows, len(slots))
+        mtp_table = self._tables([r.mtp_pages for r in rows], len(slots))
         t0 = self.clock()
         kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
