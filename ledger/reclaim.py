@@ -140,6 +140,7 @@ class _Facts:
         self.state, self.cache = state, cache
         self._cold = None
         self._cold_source = cold_source  # the victim order's segment (a quote through it), else recounted
+        self.memo = None  # the Host evaluations the quotes on these states share (victim_select.HostMemo)
 
     @property
     def cold(self) -> frozenset:
@@ -729,12 +730,13 @@ def _drop_unneeded_device(chosen: list, amount: int) -> list:
     return chosen
 
 
-def _select_host(state, cache, gap, applicant, ok, excluded, order=None) -> Quote:
+def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=None) -> Quote:
     """HOST-1/2: duplicates first; then actions that make the request fit before those that
     only add bytes; benefit capped by the byte gap (or the largest allocation when bytes
     suffice but nothing fits); drop what is no longer needed; nothing if it cannot fit.
     `order(rank, cap)`, when given, yields the admissible actions in `rank` order instead of
-    `ok` (the victim order's lazy walk, ledger/victim_select.py)."""
+    `ok` (the victim order's lazy walk, ledger/victim_select.py); `alone(a, allocs, test)`, when
+    given, answers "fits alone" for `a` (`test(a)` computes it; a memo may answer instead)."""
     arena = state.arena
     allocs = list(gap.allocations) or [host.HostAllocation(gap.amount)]
     need = sum(a.size for a in allocs)
@@ -754,6 +756,11 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None) -> Quot
 
     def fits(a):  # the query answers "no" at once when the freed bytes cannot cover the gap
         return fits_after(a.offsets)
+    if alone is not None:
+        test, sig = fits, tuple(allocs)
+
+        def fits(a):
+            return alone(a, sig, test)
     ranked = _fits_first(ordered, key, fits)
     chosen, offsets, loss = [], {}, 0
     batch = _Batch(state, cache)

@@ -43,12 +43,13 @@ class QuoteFacts:
     revoking re-quote (WAIT-2), a capture's State then Host gaps. Void once either changes
     (`valid_for`); permissions stay per applicant."""
 
-    __slots__ = ("state", "cache", "vi", "_cold")
+    __slots__ = ("state", "cache", "vi", "_cold", "host")
 
     def __init__(self, state, cache):
         self.state, self.cache = state, cache
         self.vi = vx.sync(cache.victims, state, cache) if cache.victims is not None else None
         self._cold = None
+        self.host = HostMemo()  # the Host evaluations its quotes share
 
     def valid_for(self, state, cache) -> bool:
         return state is self.state and cache is self.cache
@@ -74,6 +75,7 @@ def quote_fast(state, cache, gap: Gap, applicant: Applicant, protect: frozenset,
         shared = QuoteFacts(state, cache)
     vi, cold = shared.vi, shared.cold
     facts = _Facts(state, cache, cold_source=cold)
+    facts.memo = shared.host
     if gap.pool == HOST:
         q = _host_quote(state, cache, vi, gap, applicant, protect, keep, facts)
         # the listing order of `actions` is the full walk's (an arena that fits lists them unranked)
@@ -91,11 +93,34 @@ def quote_fast(state, cache, gap: Gap, applicant: Applicant, protect: frozenset,
 
 
 # -- Host gaps ---------------------------------------------------------------------------------
+class HostMemo:
+    """What the Host quotes on one (state, cache) pair share (RCL-2). A Device quote that must
+    demote asks up to `MAX_VICTIM_DEMOTIONS` Host quotes, a capture its State then Host gaps, a
+    retry the same again: each would evaluate the same Host-order entries exactly and test the
+    same placements. Kept on one `QuoteFacts`, so it never outlives the states it read.
+
+    `exact`: checkpoint ids -> (the action or None, the objects it was computed from, whether
+    computing it read the HEAT-4 owners); valid for a quote protecting none of those objects —
+    an ordinary holder set's deletion does not depend on the applicant otherwise (RCL-8: only
+    waiters and pause snapshots do, and those sets are evaluated per quote). `fits`:
+    (allocations, action) -> whether it lets the request fit alone (HOST-2), for the actions
+    kept here (`kept`, by identity). `dups`: the duplicate replicas before a quote's
+    protections (HOST-1)."""
+
+    __slots__ = ("exact", "kept", "fits", "dups")
+
+    def __init__(self):
+        self.exact: dict = {}
+        self.kept: dict = {}
+        self.fits: dict = {}
+        self.dups: list | None = None
+
+
 def _host_quote(state, cache, vi, gap, applicant, protect, keep, facts) -> Quote:
     """HOST-1/2 through the Host order: the reference's selection (`reclaim._select_host`) fed
     with the Host-resident actions in rank order, produced lazily (`_HostRanked`)."""
     ranked = _HostRanked(state, cache, vi, applicant, protect, keep, facts)
-    q = rc._select_host(state, cache, gap, applicant, None, 0, ranked.order)
+    q = rc._select_host(state, cache, gap, applicant, None, 0, ranked.order, ranked.alone)
     ranked.record_cold()
     return q
 
@@ -119,6 +144,10 @@ class _HostRanked:
         self.state, self.cache, self.vi = state, cache, vi
         self.ap, self.protect, self.keep, self.facts = applicant, protect, keep, facts
         self.cold = facts._cold_source or frozenset()
+        self.memo = facts.memo if facts.memo is not None else HostMemo()
+        # RCL-11: a budgeted applicant's selection skips every action whose loss reaches the budget
+        budgeted = applicant.kind in (ApplicantKind.CAPTURE, ApplicantKind.WRITEBACK) and not applicant.demand_time
+        self.loss_cap = max(applicant.budget, 1) if budgeted else None
 
     # -- objects --
     def _host_only(self, hs) -> list:
@@ -152,9 +181,8 @@ class _HostRanked:
                         seen.add(s)
                         yield s
 
-    def _actions(self, sets) -> list:
-        """The reference's Host actions (`reclaim._enumerate`) over these holder sets' Host-only
-        objects and their subgroups'."""
+    def _candidates(self, sets) -> dict:
+        """These holder sets' Host-only objects and their subgroups' (RCL-1)."""
         cands = {}
         for hs in sets:
             for oid in self._host_only(hs):
@@ -163,18 +191,52 @@ class _HostRanked:
                 for sub in self._subsets(hs):
                     for oid in self._host_only(sub):
                         cands[oid] = None
+        return cands
+
+    def _actions(self, sets, facts=None, cands=None) -> list:
+        """The reference's Host actions (`reclaim._enumerate`) over these holder sets' Host-only
+        objects and their subgroups'."""
+        if cands is None:
+            cands = self._candidates(sets)
         if not cands:
             return []
-        actions, _ = rc._enumerate(self.state, self.cache, Gap(HOST, 1), self.ap, self.protect, self.facts,
-                                   self.keep, candidates=cands.keys())
+        actions, _ = rc._enumerate(self.state, self.cache, Gap(HOST, 1), self.ap, self.protect,
+                                   facts or self.facts, self.keep, candidates=cands.keys())
         return [a for a in actions if a.kind == "delete"]
 
     def _exact(self, cids: tuple):
-        hs = frozenset(("ckpt", c) for c in cids)
-        for a in self._actions((hs,)):
-            if a.cids == cids and not a.waiters:
-                return a
-        return None
+        """The exact deletion of the ordinary holder set of these points, through the memo."""
+        memo, protect, keep = self.memo, self.protect, self.keep
+        got = memo.exact.get(cids)
+        if got is None or not (got[1].isdisjoint(protect) and got[1].isdisjoint(keep)):
+            hs = frozenset(("ckpt", c) for c in cids)
+            cands = self._candidates((hs,))
+            probe = rc._Facts(self.state, self.cache, cold_source=self.facts._cold_source)
+            a = None
+            for b in self._actions((hs,), probe, cands):
+                if b.cids == cids and not b.waiters:
+                    a = b
+                    break
+            got = (a, frozenset(cands), probe._cold is not None)
+            if got[1].isdisjoint(protect) and got[1].isdisjoint(keep):
+                memo.exact[cids] = got
+                if a is not None:
+                    memo.kept[id(a)] = a
+        a, _, read_cold = got
+        if read_cold and self.facts._cold is None:
+            self.facts._cold = self.facts.cold  # HEAT-4: evaluating it reads the owners beyond the target
+        return a
+
+    def alone(self, a, sig: tuple, test) -> bool:
+        """HOST-2's "fits alone" for `a` and the allocations `sig`, once per states (the memo)."""
+        memo = self.memo
+        if memo.kept.get(id(a)) is not a:
+            return test(a)
+        key = (sig, id(a))
+        got = memo.fits.get(key)
+        if got is None:
+            got = memo.fits[key] = test(a)
+        return got
 
     def _special(self) -> list:
         vi, cache = self.vi, self.cache
@@ -206,14 +268,24 @@ class _HostRanked:
         return out
 
     def _dups(self):
-        objects, protect, keep = self.state.objects, self.protect, self.keep
-        for (oid,) in heapq.merge(*(self.vi.orders[p].x for p in self.vi.pools)):
-            o = objects.get(oid)
-            if o is None or o.leases or o.host is None or not o.host.complete or o.device is None \
-                    or not o.device.complete or (oid in protect and oid not in keep):
-                continue
-            yield Action("drop_replica", (), (oid,), o.host.nbytes, (o.host.location,), 0, Tier.NORMAL, 0,
-                         o.holders, (), rc.HOST_MEDIUM)
+        memo, protect, keep = self.memo, self.protect, self.keep
+        if memo.dups is None:
+            objects, dups = self.state.objects, []
+            for (oid,) in heapq.merge(*(self.vi.orders[p].x for p in self.vi.pools)):
+                o = objects.get(oid)
+                if o is None or o.leases or o.host is None or not o.host.complete or o.device is None \
+                        or not o.device.complete:
+                    continue
+                a = Action("drop_replica", (), (oid,), o.host.nbytes, (o.host.location,), 0, Tier.NORMAL, 0,
+                           o.holders, (), rc.HOST_MEDIUM)
+                dups.append(a)
+                memo.kept[id(a)] = a
+            memo.dups = dups
+        for a in memo.dups:
+            oid = a.objects[0]
+            if oid in protect and oid not in keep:
+                continue  # RCL-8: the applicant's own source
+            yield a
 
     # -- the order --
     def order(self, rank, cap):
@@ -227,12 +299,18 @@ class _HostRanked:
                 else:
                     heapq.heappush(ready, (rank(a)[1], seq, a))
                     seq += 1
-        cold, hitems = self.cold, self.vi.hitems
+        cold, hitems, loss_cap = self.cold, self.vi.hitems, self.loss_cap
         stream = iter(self.vi.hord)
         head = next(stream, None)
         while True:
             while head is not None and (not ready or ready[0][0] >= (head[0], head[1] / cap)):
                 tier, loss, demand, cids = head
+                if loss_cap is not None and loss >= loss_cap:
+                    # RCL-11: the entry's loss bound reaches the budget, and so does every later
+                    # entry of its stored tier: the selection would skip them all unread
+                    stream = self.vi.hord.scan(start=(tier + 1,))
+                    head = next(stream, None)
+                    continue
                 head = next(stream, None)
                 if tier == Tier.REUSE and cold:
                     hot = hitems[frozenset(("ckpt", c) for c in cids)][1]

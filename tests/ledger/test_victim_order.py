@@ -276,13 +276,20 @@ def test_host_gap_with_a_full_arena_matches_reference():
 
     s, c, _ = B._scale_state(400, 1)
     slot = s.pool(L.STATE_POOL).spec.unit_bytes
+    shared = L.quote_facts(s, c)  # RCL-2: one Host memo for every quote below
+    points = sorted(c.checkpoints)
     for extra in (1, 2, 5):
         need = tuple(L.HostAllocation(slot) for _ in range(s.arena.free_bytes // slot + extra))
         for ap in (L.Applicant(L.ApplicantKind.NECESSARY), L.Applicant(L.ApplicantKind.CAPTURE, budget=40),
+                   L.Applicant(L.ApplicantKind.CAPTURE, budget=1),
                    L.Applicant(L.ApplicantKind.WRITEBACK, budget=500, demand_time=0)):
             gap = L.Gap(L.HOST, slot * len(need), need)
-            q, r = L.quote(s, c, gap, ap), L.quote_reference(s, c, gap, ap)
-            assert (q.chosen, q.admitted, q.freed, q.cold) == (r.chosen, r.admitted, r.freed, r.cold)
+            for protect in ((), c.checkpoints[points[extra * 7]].object_ids()):
+                q, r = L.quote(s, c, gap, ap, protect), L.quote_reference(s, c, gap, ap, protect)
+                m = shared.quote(gap, ap, protect)
+                assert (q.chosen, q.admitted, q.freed, q.cold) == (r.chosen, r.admitted, r.freed, r.cold)
+                assert (m.chosen, m.admitted, m.freed, m.loss, m.cold) == (r.chosen, r.admitted, r.freed, r.loss, r.cold)
+    assert shared.host.dups and shared.host.fits, "its Host holds duplicates, listed and tested once"
     order_matches_scratch(s, c)
     quotes_agree(s, c, 3, 16)
 
@@ -364,3 +371,52 @@ def test_a_run_of_one_holder_change_equals_the_changes_one_by_one(monkeypatch):
         assert (got.walk, got.wide, got.oh, got.dem, got.hlive) == (want.walk, want.wide, want.oh, want.dem, want.hlive)
         assert any(len(w) > V.BIG for w in got.walk.values()) or b is single[1]
         order_matches_scratch(b.state, b.cache)
+
+
+def test_host_quotes_on_one_state_share_their_evaluations_and_match_reference(monkeypatch):
+    """RCL-2, HOST-1/2, RCL-11: the Host quotes asked on one (state, cache) pair — a Device
+    quote's pending demotions, a capture's Host gap, the revoking re-quote — evaluate each Host
+    entry once (the QuoteFacts' Host memo), whatever the applicant and its protections; a
+    budgeted applicant does not evaluate entries whose loss bound reaches its budget. Each
+    quote equals the reference's, chosen actions, loss and HEAT-4 reads included."""
+    sim = make(main=40, slots=10, host=1 << 15)
+    for i in range(8):
+        _prompt_family(sim, 3, base=10 * i)
+    state, cache = sim.state, sim.cache
+    shared = L.quote_facts(state, cache)
+    hord = list(shared.vi.hord)
+    assert len(hord) >= 4 and state.arena.free_bytes < state.pool(L.STATE_POOL).spec.unit_bytes, \
+        "the arena is full and holds Host-only entries"
+    evaluated = []
+    real = L.victim_select._HostRanked._candidates
+    monkeypatch.setattr(L.victim_select._HostRanked, "_candidates",
+                        lambda self, sets: evaluated.append(sets) or real(self, sets))
+    slot, page = (state.pool(p).spec.unit_bytes for p in (L.STATE_POOL, L.MAIN_KV))
+    host_only = [o for o in state.objects.values()
+                 if o.host is not None and o.host.complete and not (o.device is not None and o.device.complete)]
+    gaps = [L.Gap(L.HOST, slot, (L.HostAllocation(slot),)), L.Gap(L.HOST, 3 * page, (L.HostAllocation(3 * page, 3),)),
+            L.Gap(L.HOST, 2 * slot)]
+    applicants = [L.Applicant(L.ApplicantKind.NECESSARY), L.Applicant(L.ApplicantKind.WRITEBACK, demand_time=5),
+                  L.Applicant(L.ApplicantKind.CAPTURE, budget=hord[0][1] + 1),
+                  L.Applicant(L.ApplicantKind.CAPTURE, budget=1), L.Applicant(L.ApplicantKind.SNAPSHOT, ticket=1)]
+    protects = [(), (host_only[0].object_id,), sim.cache.checkpoints[hord[-1][3][0]].object_ids()]
+    first = None
+    for gap in gaps:
+        for ap in applicants:
+            for protect in protects:
+                r = L.quote_reference(state, cache, gap, ap, protect)
+                evaluated.clear()
+                m = shared.quote(gap, ap, protect)
+                assert (m.chosen, m.admitted, m.freed, m.loss, m.cold) == (r.chosen, r.admitted, r.freed, r.loss,
+                                                                           r.cold), (gap, ap, protect)
+                if ap.budget == 1 and ap.kind == L.ApplicantKind.CAPTURE:
+                    # every entry loses at least one token of coverage: none is evaluated
+                    assert all(item[1] >= 1 for item in hord) and not evaluated
+                if first is None and evaluated:
+                    first = (gap, ap, protect, len(evaluated))
+    assert first is not None and shared.host.exact, "Host entries were evaluated through the memo"
+    gap, ap, protect, n = first
+    evaluated.clear()
+    again = shared.quote(gap, ap._replace(ticket=9), protect)  # a new applicant: a new quote, the same entries
+    assert again.chosen == L.quote_reference(state, cache, gap, ap._replace(ticket=9), protect).chosen
+    assert len(evaluated) < n, "the second quote on the same states reads the memo"

@@ -2,7 +2,8 @@
 
 `order_matches_scratch`: the kept order and reuse footprint equal the ones ranked from first
 principles. `quotes_agree`: quotes taken through the order equal `quote_reference` (the full
-enumeration) — chosen actions, freed amount, loss, admission and the HEAT-4 owners recorded —
+enumeration), each alone and every other one through one shared `quote_facts` (whose Host
+memo then serves several applicants and protections in turn) — chosen actions, freed amount, loss, admission and the HEAT-4 owners recorded —
 for a rotating set of gaps and applicants (state, Main KV, backend KV and Host gaps; necessary,
 revoking, fresh, capture with and without own demand and budget, write-back, pause snapshot;
 with and without the applicant's own source protected).
@@ -55,10 +56,15 @@ def _cases(state, cache, n: int, start: int):
 
 def quotes_agree(state, cache, step: int, n: int = 6) -> None:
     """`step` (the machine's own step count) picks the cases, so a replayed run repeats them."""
+    shared = L.quote_facts(state, cache)  # RCL-2: its Host memo serves every case below in turn
     for gap, ap, protect, i in _cases(state, cache, n, step * n):
-        fast = L.quote(state, cache, gap, ap, protect)
         ref = L.quote_reference(state, cache, gap, ap, protect)
         what = f"gap {gap}, {ap}, protect {tuple(protect)[:4]}"
+        if i % 2:
+            again = shared.quote(gap, ap, protect)
+            assert (again.chosen, again.admitted, again.freed, again.loss, again.cold) == \
+                (ref.chosen, ref.admitted, ref.freed, ref.loss, ref.cold), f"{what}, shared facts"
+        fast = L.quote(state, cache, gap, ap, protect)
         assert fast.chosen == ref.chosen, f"{what}: chosen {fast.chosen} != reference {ref.chosen}"
         assert (fast.admitted, fast.freed, fast.loss) == (ref.admitted, ref.freed, ref.loss), what
         assert fast.cold == ref.cold, f"{what}: cold {fast.cold} != reference {ref.cold}"
