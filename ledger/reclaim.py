@@ -763,6 +763,9 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
             return alone(a, sig, test)
     ranked = _fits_first(ordered, key, fits)
     chosen, offsets, loss = [], {}, 0
+    # HOST-1: the request cannot fit before the freed bytes cover it (what the placement query
+    # answers first), so the query is asked only from then on
+    used, short = arena.used, need - arena.free_bytes
     batch = _Batch(state, cache)
     for a in ranked:
         new = [o for o in a.offsets if o not in offsets]
@@ -776,14 +779,16 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
         a, subsumed = got
         batch.take(a, subsumed, chosen)
         offsets.update(dict.fromkeys(new))
+        short -= sum(map(used.__getitem__, new))
         loss += a.loss
-        if fits_after(list(offsets)):
+        if short <= 0 and fits_after(list(offsets)):
             break
     else:  # HOST-2: delete nothing
         return Quote(gap, applicant, ranked.ranking(excluded), (), 0, 0, False, state, cache)
     for a in reversed(list(chosen)):  # HOST-2: drop actions no longer needed
         rest = [b for b in chosen if b is not a]
-        if fits_after(list({o: None for b in rest for o in b.offsets})):  # shared offsets freed once
+        left = list({o: None for b in rest for o in b.offsets})  # shared offsets freed once
+        if need - arena.free_bytes <= sum(map(used.__getitem__, left)) and fits_after(left):
             chosen = rest
     freed = sum(arena.used[o] for o in {o: None for b in chosen for o in b.offsets})
     return Quote(gap, applicant, ranked.ranking(excluded), tuple(chosen), freed, sum(a.loss for a in chosen),
