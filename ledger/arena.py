@@ -281,6 +281,77 @@ class FitQuery:
         return _first_fit_all(self.allocs, bmax, _edited_blocks(el, new, drop, bmax), el)
 
 
+class Freeing:
+    """The free extents of `arena` after freeing a growing set of its allocations, kept as they
+    grow: `add(offsets)` frees more, `largest` is the largest extent after the frees. One
+    allocation of `size` bytes in one piece places after the frees exactly when `size <=
+    largest` (first fit takes any extent that holds it), which a Host selection asks after each
+    pick (HOST-1/2) — here in O(log n) per freed allocation instead of a merge of them all.
+
+    Each extent that holds freed allocations (merged with the free extents next to them, as
+    `free` coalesces) is kept with its members, so `beyond(size)` names the allocations that
+    lie in the extents of at least `size` bytes."""
+
+    __slots__ = ("arena", "starts", "ends", "members", "largest")
+
+    def __init__(self, arena: HostArena, offsets=()):
+        self.arena = arena
+        self.starts: dict = {}  # start -> end of an extent holding freed allocations
+        self.ends: dict = {}  # its end -> start
+        self.members: dict = {}  # its start -> the offsets of the freed allocations in it
+        self.largest = arena.largest_free
+        self.add(offsets)
+
+    def add(self, offsets) -> None:
+        """Free the allocations at `offsets` (each once, none freed before)."""
+        el, used = self.arena.free, self.arena.used
+        starts, ends, members = self.starts, self.ends, self.members
+        for o in offsets:
+            n = used.get(o)
+            if n is None:
+                raise ArenaError(f"no host allocation starts at offset {o} (double free?)")
+            s, e, mem = o, o + n, [o]
+            left = ends.pop(s, None)
+            if left is not None:  # a freed extent ends here: one extent now
+                del starts[left]
+                mem = _joined(members.pop(left), mem)
+                s = left
+            elif el.offs:
+                bi, j = ex.position(el, s)
+                pred = ex.prev_pos(el, bi, j)
+                if pred is not None:
+                    po, pl = ex.get(el, *pred)
+                    if po + pl == s:
+                        s = po  # coalesce with the free extent before it (as `free` does)
+            right = starts.pop(e, None)
+            if right is not None:
+                del ends[right]
+                mem = _joined(mem, members.pop(e))
+                e = right
+            elif el.offs:
+                bi, j = ex.position(el, e)
+                succ = ex.at_or_next(el, bi, j)
+                if succ is not None:
+                    so, sl = ex.get(el, *succ)
+                    if so == e:
+                        e = so + sl
+            starts[s], ends[e], members[s] = e, s, mem
+            if e - s > self.largest:
+                self.largest = e - s
+
+    def beyond(self, size: int) -> set:
+        """The freed allocations lying in extents of at least `size` bytes."""
+        return {o for s, e in self.starts.items() if e - s >= size for o in self.members[s]}
+
+
+def _joined(a: list, b: list) -> list:
+    if len(a) < len(b):
+        b.extend(a)
+        return b
+    a.extend(b)
+    return a
+
+
 def _free_error(arena: HostArena, freeing) -> None:
     """Raise what freeing `freeing` one by one raises (a missing offset or a double free)."""
     seen = set()

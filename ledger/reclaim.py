@@ -766,6 +766,9 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
     # HOST-1: the request cannot fit before the freed bytes cover it (what the placement query
     # answers first), so the query is asked only from then on
     used, short = arena.used, need - arena.free_bytes
+    # one allocation in one piece fits when an extent holds it: the extents are kept as picks free more
+    block = need if len(allocs) == 1 and allocs[0].pieces == 1 else None
+    grown = host.Freeing(arena) if block is not None else None
     batch = _Batch(state, cache)
     for a in ranked:
         new = [o for o in a.offsets if o not in offsets]
@@ -781,15 +784,29 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
         offsets.update(dict.fromkeys(new))
         short -= sum(map(used.__getitem__, new))
         loss += a.loss
-        if short <= 0 and fits_after(list(offsets)):
+        if grown is not None:
+            grown.add(new)
+            if grown.largest >= block:
+                break
+        elif short <= 0 and fits_after(list(offsets)):
             break
     else:  # HOST-2: delete nothing
         return Quote(gap, applicant, ranked.ranking(excluded), (), 0, 0, False, state, cache)
+    holding = grown.beyond(block) if grown is not None else None  # what the extent that holds it frees
     for a in reversed(list(chosen)):  # HOST-2: drop actions no longer needed
         rest = [b for b in chosen if b is not a]
         left = list({o: None for b in rest for o in b.offsets})  # shared offsets freed once
-        if need - arena.free_bytes <= sum(map(used.__getitem__, left)) and fits_after(left):
-            chosen = rest
+        if need - arena.free_bytes > sum(map(used.__getitem__, left)):
+            continue
+        if holding is None:
+            if fits_after(left):
+                chosen = rest
+        elif holding.isdisjoint(a.offsets):
+            chosen = rest  # the extents that hold the block stay as they are
+        else:
+            again = host.Freeing(arena, left)
+            if again.largest >= block:
+                chosen, holding = rest, again.beyond(block)
     freed = sum(arena.used[o] for o in {o: None for b in chosen for o in b.offsets})
     return Quote(gap, applicant, ranked.ranking(excluded), tuple(chosen), freed, sum(a.loss for a in chosen),
                  True, state, cache)
