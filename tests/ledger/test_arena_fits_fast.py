@@ -221,3 +221,29 @@ def test_host1_one_byte_unit_over_the_largest_extent():
         assert _fits_by_replay(a, allocs) is want
         assert A.fits(a, allocs) is want
     assert A.fits(a, [A.HostAllocation(5 * UNIT)], [3 * UNIT]) is _fits_by_replay(a, [A.HostAllocation(5 * UNIT)], [3 * UNIT]) is True
+
+
+@settings(SETTINGS, max_examples=150)
+@given(arenas(), st.data())
+def test_host1_freeing_grows_as_the_frees_one_by_one(arena, data):
+    """`Freeing` (a Host selection's extents as its picks free more, HOST-1/2): after each step
+    its largest extent is the arena's after freeing those allocations one by one, and
+    `beyond(size)` lists exactly the freed allocations inside extents of at least `size`."""
+    order = data.draw(st.permutations(sorted(arena.used)))
+    steps = data.draw(st.lists(st.integers(1, 4), max_size=8))
+    grown, done, replay, i = A.Freeing(arena), [], arena, 0
+    for k in steps + [len(order)]:
+        batch = list(order[i:i + k])
+        i += len(batch)
+        grown.add(batch)
+        done += batch
+        for off in batch:
+            replay = A.free(replay, off)
+        assert grown.largest == replay.largest_free
+        size = data.draw(st.integers(1, max(1, replay.capacity)))
+        want = {o for o in done for s, n in ex.iter_extents(replay.free) if s <= o < s + n and n >= size}
+        assert grown.beyond(size) == want
+        if i >= len(order):
+            break
+    with pytest.raises(ArenaError, match="double free"):
+        A.Freeing(arena, [arena.capacity + 1])
