@@ -288,34 +288,46 @@ class Freeing:
     largest` (first fit takes any extent that holds it), which a Host selection asks after each
     pick (HOST-1/2) — here in O(log n) per freed allocation instead of a merge of them all.
 
+    With `page`, it also keeps `pages`: how many `page`-byte pieces the extents hold together
+    (each extent its length // page). One page group of n pages places after the frees exactly
+    when `pages >= n`: HOST-3 halves a group that misses down to single pages, first fit carves
+    a placed piece from an extent's start, so each placement takes from the extents exactly the
+    pages it places and a single page always finds an extent while the count covers what is
+    left. `base` is that count before any free (`page_count(arena, page)`), when known.
+
     Each extent that holds freed allocations (merged with the free extents next to them, as
     `free` coalesces) is kept with its members, so `beyond(size)` names the allocations that
     lie in the extents of at least `size` bytes."""
 
-    __slots__ = ("arena", "starts", "ends", "members", "largest")
+    __slots__ = ("arena", "starts", "ends", "members", "largest", "page", "pages")
 
-    def __init__(self, arena: HostArena, offsets=()):
+    def __init__(self, arena: HostArena, offsets=(), page: int = 0, base: int | None = None):
         self.arena = arena
         self.starts: dict = {}  # start -> end of an extent holding freed allocations
         self.ends: dict = {}  # its end -> start
         self.members: dict = {}  # its start -> the offsets of the freed allocations in it
         self.largest = arena.largest_free
+        self.page = page
+        self.pages = (page_count(arena, page) if base is None else base) if page else 0
         self.add(offsets)
 
     def add(self, offsets) -> None:
         """Free the allocations at `offsets` (each once, none freed before)."""
-        el, used = self.arena.free, self.arena.used
+        el, used, page = self.arena.free, self.arena.used, self.page
         starts, ends, members = self.starts, self.ends, self.members
         for o in offsets:
             n = used.get(o)
             if n is None:
                 raise ArenaError(f"no host allocation starts at offset {o} (double free?)")
             s, e, mem = o, o + n, [o]
+            gone = 0  # the pages the joined extents held apart
             left = ends.pop(s, None)
             if left is not None:  # a freed extent ends here: one extent now
                 del starts[left]
                 mem = _joined(members.pop(left), mem)
                 s = left
+                if page:
+                    gone += (o - left) // page
             elif el.offs:
                 bi, j = ex.position(el, s)
                 pred = ex.prev_pos(el, bi, j)
@@ -323,10 +335,14 @@ class Freeing:
                     po, pl = ex.get(el, *pred)
                     if po + pl == s:
                         s = po  # coalesce with the free extent before it (as `free` does)
+                        if page:
+                            gone += pl // page
             right = starts.pop(e, None)
             if right is not None:
                 del ends[right]
                 mem = _joined(mem, members.pop(e))
+                if page:
+                    gone += (right - e) // page
                 e = right
             elif el.offs:
                 bi, j = ex.position(el, e)
@@ -335,13 +351,22 @@ class Freeing:
                     so, sl = ex.get(el, *succ)
                     if so == e:
                         e = so + sl
+                        if page:
+                            gone += sl // page
             starts[s], ends[e], members[s] = e, s, mem
             if e - s > self.largest:
                 self.largest = e - s
+            if page:
+                self.pages += (e - s) // page - gone
 
     def beyond(self, size: int) -> set:
         """The freed allocations lying in extents of at least `size` bytes."""
         return {o for s, e in self.starts.items() if e - s >= size for o in self.members[s]}
+
+
+def page_count(arena: HostArena, page: int) -> int:
+    """How many `page`-byte pieces the arena's free extents hold (HOST-3)."""
+    return sum(n // page for n in (length for lens in arena.free.lens for length in lens))
 
 
 def _joined(a: list, b: list) -> list:

@@ -754,7 +754,18 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
 
     ordered = sorted(ok, key=key) if order is None else order(key, cap)
 
+    # One allocation (a block, or a KV page group HOST-3 may halve) fits by what `host.Freeing`
+    # keeps as frees grow: an extent that holds the block, or pages enough for the group.
+    one = allocs[0] if len(allocs) == 1 else None
+    page = one.size // one.pieces if one is not None and one.pieces > 1 else 0
+    base = host.page_count(arena, page) if page else None
+
+    def holds(g) -> bool:
+        return g.pages >= one.pieces if page else g.largest >= need
+
     def fits(a):  # the query answers "no" at once when the freed bytes cannot cover the gap
+        if one is not None:
+            return holds(host.Freeing(arena, a.offsets, page, base))
         return fits_after(a.offsets)
     if alone is not None:
         test, sig = fits, tuple(allocs)
@@ -766,9 +777,7 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
     # HOST-1: the request cannot fit before the freed bytes cover it (what the placement query
     # answers first), so the query is asked only from then on
     used, short = arena.used, need - arena.free_bytes
-    # one allocation in one piece fits when an extent holds it: the extents are kept as picks free more
-    block = need if len(allocs) == 1 and allocs[0].pieces == 1 else None
-    grown = host.Freeing(arena) if block is not None else None
+    grown = host.Freeing(arena, (), page, base) if one is not None else None  # kept as picks free more
     batch = _Batch(state, cache)
     for a in ranked:
         new = [o for o in a.offsets if o not in offsets]
@@ -786,27 +795,30 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
         loss += a.loss
         if grown is not None:
             grown.add(new)
-            if grown.largest >= block:
+            if holds(grown):
                 break
         elif short <= 0 and fits_after(list(offsets)):
             break
     else:  # HOST-2: delete nothing
         return Quote(gap, applicant, ranked.ranking(excluded), (), 0, 0, False, state, cache)
-    holding = grown.beyond(block) if grown is not None else None  # what the extent that holds it frees
+    # a block: the allocations in the extents that hold it (an action freeing none of them goes)
+    holding = grown.beyond(need) if one is not None and not page else None
     for a in reversed(list(chosen)):  # HOST-2: drop actions no longer needed
         rest = [b for b in chosen if b is not a]
         left = list({o: None for b in rest for o in b.offsets})  # shared offsets freed once
         if need - arena.free_bytes > sum(map(used.__getitem__, left)):
             continue
-        if holding is None:
+        if one is None:
             if fits_after(left):
                 chosen = rest
-        elif holding.isdisjoint(a.offsets):
+        elif holding is not None and holding.isdisjoint(a.offsets):
             chosen = rest  # the extents that hold the block stay as they are
         else:
-            again = host.Freeing(arena, left)
-            if again.largest >= block:
-                chosen, holding = rest, again.beyond(block)
+            again = host.Freeing(arena, left, page, base)
+            if holds(again):
+                chosen = rest
+                if holding is not None:
+                    holding = again.beyond(need)
     freed = sum(arena.used[o] for o in {o: None for b in chosen for o in b.offsets})
     return Quote(gap, applicant, ranked.ranking(excluded), tuple(chosen), freed, sum(a.loss for a in chosen),
                  True, state, cache)

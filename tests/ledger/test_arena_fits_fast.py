@@ -226,12 +226,15 @@ def test_host1_one_byte_unit_over_the_largest_extent():
 @settings(SETTINGS, max_examples=150)
 @given(arenas(), st.data())
 def test_host1_freeing_grows_as_the_frees_one_by_one(arena, data):
-    """`Freeing` (a Host selection's extents as its picks free more, HOST-1/2): after each step
-    its largest extent is the arena's after freeing those allocations one by one, and
-    `beyond(size)` lists exactly the freed allocations inside extents of at least `size`."""
+    """`Freeing` (a Host selection's extents as its picks free more, HOST-1/2/3): after each
+    step its largest extent is the arena's after freeing those allocations one by one,
+    `beyond(size)` lists exactly the freed allocations inside extents of at least `size`, and a
+    page group places (free one by one, then `place` with halving) exactly when its page count
+    covers the group."""
     order = data.draw(st.permutations(sorted(arena.used)))
     steps = data.draw(st.lists(st.integers(1, 4), max_size=8))
-    grown, done, replay, i = A.Freeing(arena), [], arena, 0
+    page = data.draw(st.sampled_from((UNIT, 2 * UNIT, 3 * UNIT)))
+    grown, done, replay, i = A.Freeing(arena, (), page), [], arena, 0
     for k in steps + [len(order)]:
         batch = list(order[i:i + k])
         i += len(batch)
@@ -243,6 +246,10 @@ def test_host1_freeing_grows_as_the_frees_one_by_one(arena, data):
         size = data.draw(st.integers(1, max(1, replay.capacity)))
         want = {o for o in done for s, n in ex.iter_extents(replay.free) if s <= o < s + n and n >= size}
         assert grown.beyond(size) == want
+        # HOST-3: a group of n pages places exactly when the extents hold n pages
+        assert grown.pages == sum(n // page for _, n in ex.iter_extents(replay.free))
+        n = data.draw(st.integers(1, 12))
+        assert (grown.pages >= n) == _fits_by_replay(arena, [A.HostAllocation(n * page, n)], done)
         if i >= len(order):
             break
     with pytest.raises(ArenaError, match="double free"):
