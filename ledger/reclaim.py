@@ -765,6 +765,8 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
 
     def fits(a):  # the query answers "no" at once when the freed bytes cannot cover the gap
         if one is not None:
+            if need > arena.free_bytes + sum(map(arena.used.__getitem__, a.offsets)):
+                return False
             return holds(host.Freeing(arena, a.offsets, page, base))
         return fits_after(a.offsets)
     if alone is not None:
@@ -801,24 +803,38 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
             break
     else:  # HOST-2: delete nothing
         return Quote(gap, applicant, ranked.ranking(excluded), (), 0, 0, False, state, cache)
-    # a block: the allocations in the extents that hold it (an action freeing none of them goes)
+    # HOST-2: drop actions no longer needed, the last chosen first. Shared offsets are freed once:
+    # `times` counts the chosen actions freeing each, so the bytes left without an action are known
+    # before any placement test; a block keeps the allocations in the extents that hold it (an
+    # action freeing none of them goes as it is).
     holding = grown.beyond(need) if one is not None and not page else None
-    for a in reversed(list(chosen)):  # HOST-2: drop actions no longer needed
+    times: dict = {}
+    for b in chosen:
+        for o in b.offsets:
+            times[o] = times.get(o, 0) + 1
+    have = sum(map(used.__getitem__, times))
+    for a in reversed(list(chosen)):
+        own = [o for o in a.offsets if times[o] == 1]
+        left_bytes = have - sum(map(used.__getitem__, own))
+        if need - arena.free_bytes > left_bytes:
+            continue  # the rest cannot cover the request
         rest = [b for b in chosen if b is not a]
-        left = list({o: None for b in rest for o in b.offsets})  # shared offsets freed once
-        if need - arena.free_bytes > sum(map(used.__getitem__, left)):
-            continue
-        if one is None:
-            if fits_after(left):
-                chosen = rest
-        elif holding is not None and holding.isdisjoint(a.offsets):
-            chosen = rest  # the extents that hold the block stay as they are
+        if holding is not None and holding.isdisjoint(a.offsets):
+            pass  # the extents that hold the block stay as they are
         else:
-            again = host.Freeing(arena, left, page, base)
-            if holds(again):
-                chosen = rest
+            left = list({o: None for b in rest for o in b.offsets})
+            if one is None:
+                if not fits_after(left):
+                    continue
+            else:
+                again = host.Freeing(arena, left, page, base)
+                if not holds(again):
+                    continue
                 if holding is not None:
                     holding = again.beyond(need)
+        chosen, have = rest, left_bytes
+        for o in a.offsets:
+            times[o] -= 1
     freed = sum(arena.used[o] for o in {o: None for b in chosen for o in b.offsets})
     return Quote(gap, applicant, ranked.ranking(excluded), tuple(chosen), freed, sum(a.loss for a in chosen),
                  True, state, cache)

@@ -853,12 +853,13 @@ class _Claims:
         out = []
         want = sel.g
         me = rc.walk_key(cid)
-        walk = sel.vi.walk
+        walk, elig = sel.vi.walk, self.elig
         for oid in vx.pages_of(c, sel.pool, sel.kind):
             w = walk.get(oid)
             if w is not None and w[0][1] != cid and w[0][2] < want:
                 continue  # its first point in walk order takes it with room to spare (or nobody may)
-            if not self._eligible(oid):
+            ok = elig.get(oid)
+            if not (ok if ok is not None else self._eligible(oid)):
                 continue
             if w is not None:  # shared: did a checkpoint earlier in walk order take it?
                 got = self._taken_before(oid, cid, me)

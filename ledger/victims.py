@@ -56,6 +56,7 @@ key is then larger than the stored one, never smaller) or nothing, and is skippe
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import chain
 from typing import NamedTuple
 
 import immutables
@@ -1469,11 +1470,12 @@ def ahead_map(c, pool: str) -> dict:
     return out
 
 
-def pages_of(c, pool: str, kind: str) -> tuple:
-    """The objects of checkpoint c in a pool, in the order a demotion takes them (RCL-6)."""
+def pages_of(c, pool: str, kind: str):
+    """The objects of checkpoint c in a pool, in the order a demotion takes them (RCL-6), read
+    lazily: a demotion group stops once it holds the gap."""
     if kind != KV_PAGES:
         return (c.state,)
-    return tuple(o for p, pages in c.kv if p == pool for o in reversed(pages))
+    return chain.from_iterable(reversed(pages) for p, pages in c.kv if p == pool)
 
 
 __all__ = ["VictimIndex", "Group", "PoolOrder", "Heat", "empty", "build", "change", "sync", "compare",
