@@ -735,8 +735,9 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
     only add bytes; benefit capped by the byte gap (or the largest allocation when bytes
     suffice but nothing fits); drop what is no longer needed; nothing if it cannot fit.
     `order(rank, cap)`, when given, yields the admissible actions in `rank` order instead of
-    `ok` (the victim order's lazy walk, ledger/victim_select.py); `alone(a, allocs, test)`, when
-    given, answers "fits alone" for `a` (`test(a)` computes it; a memo may answer instead)."""
+    `ok` (the victim order's lazy walk, ledger/victim_select.py); `alone(a, key, measure)`, when
+    given, answers `measure(a)` — a figure of the action alone on this arena, named by `key` —
+    from a memo the quotes on the same states share."""
     arena = state.arena
     allocs = list(gap.allocations) or [host.HostAllocation(gap.amount)]
     need = sum(a.size for a in allocs)
@@ -763,17 +764,26 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
     def holds(g) -> bool:
         return g.pages >= one.pieces if page else g.largest >= need
 
-    def fits(a):  # the query answers "no" at once when the freed bytes cannot cover the gap
-        if one is not None:
-            if need > arena.free_bytes + sum(map(arena.used.__getitem__, a.offsets)):
-                return False
-            return holds(host.Freeing(arena, a.offsets, page, base))
-        return fits_after(a.offsets)
-    if alone is not None:
-        test, sig = fits, tuple(allocs)
+    # "fits alone" from a measure of the action alone that other requests share: its pages, or
+    # its largest extent, or (several allocations) the placement query's answer
+    if one is None:
+        figure, measure = tuple(allocs), lambda a: fits_after(a.offsets)
+    elif page:
+        figure, measure = ("pages", page), lambda a: host.Freeing(arena, a.offsets, page, base).pages
+    else:
+        figure, measure = ("largest",), lambda a: host.Freeing(arena, a.offsets).largest
 
-        def fits(a):
-            return alone(a, sig, test)
+    def host_bytes(a) -> int:
+        return sum(map(arena.used.__getitem__, a.offsets))
+
+    def fits(a):  # the query answers "no" at once when the freed bytes cannot cover the gap
+        if one is None:
+            return alone(a, figure, measure) if alone is not None else measure(a)
+        freed = alone(a, ("bytes",), host_bytes) if alone is not None else host_bytes(a)
+        if need > arena.free_bytes + freed:
+            return False
+        v = alone(a, figure, measure) if alone is not None else measure(a)
+        return v >= one.pieces if page else v >= need
     ranked = _fits_first(ordered, key, fits)
     chosen, offsets, loss = [], {}, 0
     # HOST-1: the request cannot fit before the freed bytes cover it (what the placement query

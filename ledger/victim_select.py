@@ -103,8 +103,9 @@ class HostMemo:
     computing it read the HEAT-4 owners); valid for a quote protecting none of those objects —
     an ordinary holder set's deletion does not depend on the applicant otherwise (RCL-8: only
     waiters and pause snapshots do, and those sets are evaluated per quote). `fits`:
-    (allocations, action) -> whether it lets the request fit alone (HOST-2), for the actions
-    kept here (`kept`, by identity). `dups`: the duplicate replicas before a quote's
+    (figure, action) -> what "fits alone" (HOST-2) reads of the action alone — the bytes it
+    frees, the largest extent or the pages it leaves, or a several-allocation request's answer —
+    for the actions kept here (`kept`, by identity). `dups`: the duplicate replicas before a quote's
     protections (HOST-1)."""
 
     __slots__ = ("exact", "kept", "fits", "dups")
@@ -227,15 +228,16 @@ class _HostRanked:
             self.facts._cold = self.facts.cold  # HEAT-4: evaluating it reads the owners beyond the target
         return a
 
-    def alone(self, a, sig: tuple, test) -> bool:
-        """HOST-2's "fits alone" for `a` and the allocations `sig`, once per states (the memo)."""
+    def alone(self, a, key: tuple, measure):
+        """`measure(a)` (a figure of action `a` alone on the arena that HOST-2's "fits alone"
+        reads, named by `key`), once per states for the actions the memo keeps."""
         memo = self.memo
         if memo.kept.get(id(a)) is not a:
-            return test(a)
-        key = (sig, id(a))
-        got = memo.fits.get(key)
+            return measure(a)
+        k = (key, id(a))
+        got = memo.fits.get(k)
         if got is None:
-            got = memo.fits[key] = test(a)
+            got = memo.fits[k] = measure(a)
         return got
 
     def _special(self) -> list:
