@@ -105,19 +105,16 @@ class HostMemo:
     waiters and pause snapshots do, and those sets are evaluated per quote). `fits`:
     (figure, action) -> what "fits alone" (HOST-2) reads of the action alone — the bytes it
     frees, the largest extent or the pages it leaves, or a several-allocation request's answer —
-    for the actions kept here (`kept`, by identity). `dups`: the duplicate replicas before a
-    quote's protections (HOST-1). `movable`: whether a Device object may join a demotion group
-    (RCL-6) before a quote's protections, for objects with ordinary holders (waiters and pause
-    snapshots decide by the applicant: asked per quote)."""
+    for the actions kept here (`kept`, by identity). `dups`: the duplicate replicas before a quote's
+    protections (HOST-1)."""
 
-    __slots__ = ("exact", "kept", "fits", "dups", "movable")
+    __slots__ = ("exact", "kept", "fits", "dups")
 
     def __init__(self):
         self.exact: dict = {}
         self.kept: dict = {}
         self.fits: dict = {}
         self.dups: list | None = None
-        self.movable: dict = {}
 
 
 def _host_quote(state, cache, vi, gap, applicant, protect, keep, facts) -> Quote:
@@ -772,8 +769,6 @@ class _Claims:
         self.upto: dict = {}  # oid -> how many of its holders are known not to take it
         self.depth = 0
         self.mover = sel.ap._replace(fresh=False)  # WAIT-2: moving a pause snapshot to Host revokes nothing
-        memo = sel.facts.memo
-        self.movable = memo.movable if memo is not None else {}
 
     def _eligible(self, oid) -> bool:
         """May this object move to Host in a demotion (RCL-1, RCL-6, WAIT-2)?"""
@@ -781,21 +776,9 @@ class _Claims:
         if got is not None:
             return got
         sel = self.sel
-        if oid in sel.protect:
-            ok = False  # RCL-8: the applicant's own source stays
-        else:
-            ok = self.movable.get((oid, sel.pool))
-            if ok is None:
-                ok = self._movable(oid)
-        self.elig[oid] = ok
-        return ok
-
-    def _movable(self, oid) -> bool:
-        """`_eligible` but for the applicant's protections, kept for the other quotes on these
-        states (`HostMemo.movable`) unless the applicant decides it."""
-        sel = self.sel
         o = sel.state.objects[oid]
-        ok = not (o.pool != sel.pool or o.device is None or o.host is not None or o.leases or o.pins)
+        ok = not (oid in sel.protect or o.pool != sel.pool or o.device is None or o.host is not None
+                  or o.leases or o.pins)
         if ok:
             hs = sel.vi.oh.get(oid)
             holders = o.holders
@@ -805,8 +788,8 @@ class _Claims:
                 g = sel.vi.groups.get((sel.pool, hs)) if hs is not None else None
                 if g is None or g.special:  # waiters, snapshots, waiters' points: by the rules
                     cache, mover = sel.cache, self.mover
-                    return all(rc._may_migrate(h, cache, mover) for h in holders)
-        self.movable[(oid, sel.pool)] = ok
+                    ok = all(rc._may_migrate(h, cache, mover) for h in holders)
+        self.elig[oid] = ok
         return ok
 
     def _walk(self, oid) -> tuple:
