@@ -315,11 +315,8 @@ class Freeing:
         """Free the allocations at `offsets` (each once, none freed before)."""
         el, used, page = self.arena.free, self.arena.used, self.page
         starts, ends, members = self.starts, self.ends, self.members
-        for o in offsets:
-            n = used.get(o)
-            if n is None:
-                raise ArenaError(f"no host allocation starts at offset {o} (double free?)")
-            s, e, mem = o, o + n, [o]
+        for o, e, mem in _runs(used, offsets):
+            s = o
             gone = 0  # the pages the joined extents held apart
             left = ends.pop(s, None)
             if left is not None:  # a freed extent ends here: one extent now
@@ -362,6 +359,25 @@ class Freeing:
     def beyond(self, size: int) -> set:
         """The freed allocations lying in extents of at least `size` bytes."""
         return {o for s, e in self.starts.items() if e - s >= size for o in self.members[s]}
+
+
+def _runs(used, offsets):
+    """The allocations at `offsets` as runs of touching ones: (start, end, offsets), in offset
+    order — a page group's pages lie end to end, and a run joins its free neighbours once."""
+    run = None
+    for o in sorted(offsets):
+        n = used.get(o)
+        if n is None:
+            raise ArenaError(f"no host allocation starts at offset {o} (double free?)")
+        if run is not None and run[1] == o:
+            run[1] = o + n
+            run[2].append(o)
+            continue
+        if run is not None:
+            yield run
+        run = [o, o + n, [o]]
+    if run is not None:
+        yield run
 
 
 def page_count(arena: HostArena, page: int) -> int:
