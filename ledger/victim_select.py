@@ -857,11 +857,13 @@ class _Claims:
         me = rc.walk_key(cid)
         walk, elig = sel.vi.walk, self.elig
         for oid in vx.pages_of(c, sel.pool, sel.kind):
+            ok = elig.get(oid)
+            if ok is False:
+                continue  # known not to move (the cheaper test first: points share their prefix)
             w = walk.get(oid)
             if w is not None and w[0][1] != cid and w[0][2] < want:
                 continue  # its first point in walk order takes it with room to spare (or nobody may)
-            ok = elig.get(oid)
-            if not (ok if ok is not None else self._eligible(oid)):
+            if ok is None and not self._eligible(oid):
                 continue
             if w is not None:  # shared: did a checkpoint earlier in walk order take it?
                 got = self._taken_before(oid, cid, me)
