@@ -776,9 +776,11 @@ class _Claims:
         if got is not None:
             return got
         sel = self.sel
+        if oid in sel.protect:  # RCL-8, asked before the object is read: a session's points share
+            self.elig[oid] = False  # the protected prefix of the request being admitted
+            return False
         o = sel.state.objects[oid]
-        ok = not (oid in sel.protect or o.pool != sel.pool or o.device is None or o.host is not None
-                  or o.leases or o.pins)
+        ok = not (o.pool != sel.pool or o.device is None or o.host is not None or o.leases or o.pins)
         if ok:
             hs = sel.vi.oh.get(oid)
             holders = o.holders
