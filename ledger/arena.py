@@ -144,27 +144,32 @@ def free(arena: HostArena, offset: int) -> HostArena:
     if length is None:
         raise ArenaError(f"no host allocation starts at offset {offset} (double free?)")
     el = arena.free
-    bi, j = ex.position(el, offset)
-    pred = ex.prev_pos(el, bi, j)
-    succ = ex.at_or_next(el, bi, j)
-    po = pl = so = sl = None
-    if pred is not None:
-        po, pl = ex.get(el, *pred)
-        if po + pl != offset:
-            pred = None
-    if succ is not None:
-        so, sl = ex.get(el, *succ)
-        if so != offset + length:
-            succ = None
+    pred, succ = _free_neighbours(el, offset, offset + length)
     if pred is not None and succ is not None:
-        el = ex.replace_at(ex.remove_at(el, *succ), pred[0], pred[1], po, pl + length + sl)
+        el = ex.replace_at(ex.remove_at(el, *succ[0]), pred[0][0], pred[0][1], pred[1], pred[2] + length + succ[2])
     elif pred is not None:
-        el = ex.replace_at(el, pred[0], pred[1], po, pl + length)
+        el = ex.replace_at(el, pred[0][0], pred[0][1], pred[1], pred[2] + length)
     elif succ is not None:
-        el = ex.replace_at(el, succ[0], succ[1], offset, length + sl)
+        el = ex.replace_at(el, succ[0][0], succ[0][1], offset, length + succ[2])
     else:
         el = ex.insert(el, offset, length)
     return HostArena(arena.capacity, el, arena.used.delete(offset), arena.used_bytes - length)
+
+
+def _free_neighbours(el: ex.ExtentList, s: int, e: int) -> tuple:
+    """The free extents ending at `s` and starting at `e` around used bytes [s, e), each as
+    ((block, index), offset, length) or None: what freeing [s, e) coalesces with (CFG-5)."""
+    if not el.offs:
+        return None, None
+    bi, j = ex.position(el, s)
+    pred, succ = ex.prev_pos(el, bi, j), ex.at_or_next(el, bi, j)
+    if pred is not None:
+        po, pl = ex.get(el, *pred)
+        pred = (pred, po, pl) if po + pl == s else None
+    if succ is not None:
+        so, sl = ex.get(el, *succ)
+        succ = (succ, so, sl) if so == e else None
+    return pred, succ
 
 
 def place(
@@ -318,38 +323,29 @@ class Freeing:
         for o, e, mem in _runs(used, offsets):
             s = o
             gone = 0  # the pages the joined extents held apart
-            left = ends.pop(s, None)
+            left, right = ends.pop(s, None), starts.pop(e, None)
+            # the arena's own free neighbours of the run, where no freed extent is joined there
+            pred, succ = _free_neighbours(el, s, e) if left is None or right is None else (None, None)
             if left is not None:  # a freed extent ends here: one extent now
                 del starts[left]
                 mem = _joined(members.pop(left), mem)
                 s = left
                 if page:
                     gone += (o - left) // page
-            elif el.offs:
-                bi, j = ex.position(el, s)
-                pred = ex.prev_pos(el, bi, j)
-                if pred is not None:
-                    po, pl = ex.get(el, *pred)
-                    if po + pl == s:
-                        s = po  # coalesce with the free extent before it (as `free` does)
-                        if page:
-                            gone += pl // page
-            right = starts.pop(e, None)
+            elif pred is not None:
+                s = pred[1]  # coalesce with the free extent before it (as `free` does)
+                if page:
+                    gone += pred[2] // page
             if right is not None:
                 del ends[right]
                 mem = _joined(mem, members.pop(e))
                 if page:
                     gone += (right - e) // page
                 e = right
-            elif el.offs:
-                bi, j = ex.position(el, e)
-                succ = ex.at_or_next(el, bi, j)
-                if succ is not None:
-                    so, sl = ex.get(el, *succ)
-                    if so == e:
-                        e = so + sl
-                        if page:
-                            gone += sl // page
+            elif succ is not None:
+                e = succ[1] + succ[2]
+                if page:
+                    gone += succ[2] // page
             starts[s], ends[e], members[s] = e, s, mem
             if e - s > self.largest:
                 self.largest = e - s
