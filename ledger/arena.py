@@ -377,19 +377,8 @@ def _runs(used, offsets):
 
 
 def page_count(arena: HostArena, page: int) -> int:
-    """How many `page`-byte pieces the arena's free extents hold (HOST-3). The last answer is
-    kept: the quotes of one decision ask it on the same (immutable) free list."""
-    global _last_count
-    el = arena.free
-    last = _last_count
-    if last is not None and last[0] is el and last[1] == page:
-        return last[2]
-    n = sum(length // page for lens in el.lens for length in lens)
-    _last_count = (el, page, n)
-    return n
-
-
-_last_count = None  # (free list, page, count)
+    """How many `page`-byte pieces the arena's free extents hold (HOST-3)."""
+    return sum(length // page for lens in arena.free.lens for length in lens)
 
 
 def _joined(a: list, b: list) -> list:

@@ -730,14 +730,14 @@ def _drop_unneeded_device(chosen: list, amount: int) -> list:
     return chosen
 
 
-def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=None) -> Quote:
+def _select_host(state, cache, gap, applicant, ok, excluded, order=None, memo=None) -> Quote:
     """HOST-1/2: duplicates first; then actions that make the request fit before those that
     only add bytes; benefit capped by the byte gap (or the largest allocation when bytes
     suffice but nothing fits); drop what is no longer needed; nothing if it cannot fit.
     `order(rank, cap)`, when given, yields the admissible actions in `rank` order instead of
-    `ok` (the victim order's lazy walk, ledger/victim_select.py); `alone(a, key, measure)`, when
-    given, answers `measure(a)` — a figure of the action alone on this arena, named by `key` —
-    from a memo the quotes on the same states share."""
+    `ok` (the victim order's lazy walk, ledger/victim_select.py); `memo`, when given, keeps the
+    figures of actions alone on this arena for the quotes on the same states
+    (`victim_select.HostMemo`)."""
     arena = state.arena
     allocs = list(gap.allocations) or [host.HostAllocation(gap.amount)]
     need = sum(a.size for a in allocs)
@@ -755,35 +755,35 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
 
     ordered = sorted(ok, key=key) if order is None else order(key, cap)
 
-    # One allocation (a block, or a KV page group HOST-3 may halve) fits by what `host.Freeing`
-    # keeps as frees grow: an extent that holds the block, or pages enough for the group.
+    # One allocation (a block, or a KV page group HOST-3 may halve) fits by a figure `host.Freeing`
+    # keeps as frees grow: the largest extent holds the block, or the extents hold the group's pages.
     one = allocs[0] if len(allocs) == 1 else None
     page = one.size // one.pieces if one is not None and one.pieces > 1 else 0
-    base = host.page_count(arena, page) if page else None
-
-    def holds(g) -> bool:
-        return g.pages >= one.pieces if page else g.largest >= need
-
-    # "fits alone" from a measure of the action alone that other requests share: its pages, or
-    # its largest extent, or (several allocations) the placement query's answer
-    if one is None:
-        figure, measure = tuple(allocs), lambda a: fits_after(a.offsets)
-    elif page:
-        figure, measure = ("pages", page), lambda a: host.Freeing(arena, a.offsets, page, base).pages
+    if page:
+        base = memo.figure(("page count", page), lambda: host.page_count(arena, page)) if memo is not None \
+            else host.page_count(arena, page)
     else:
-        figure, measure = ("largest",), lambda a: host.Freeing(arena, a.offsets).largest
+        base = None
+
+    def enough(largest: int, pages: int) -> bool:
+        return pages >= one.pieces if page else largest >= need
+
+    def figure(name, measure, a):  # a figure of action `a` alone, kept per states by the memo
+        return memo.alone(a, name, measure) if memo is not None else measure(a)
+
+    def alone(a) -> tuple[int, int]:
+        g = host.Freeing(arena, a.offsets, page, base)
+        return g.largest, g.pages
 
     def host_bytes(a) -> int:
         return sum(map(arena.used.__getitem__, a.offsets))
 
-    def fits(a):  # the query answers "no" at once when the freed bytes cannot cover the gap
+    def fits(a):  # "fits alone": no at once when the freed bytes cannot cover the gap
         if one is None:
-            return alone(a, figure, measure) if alone is not None else measure(a)
-        freed = alone(a, ("bytes",), host_bytes) if alone is not None else host_bytes(a)
-        if need > arena.free_bytes + freed:
+            return figure(tuple(allocs), lambda b: fits_after(b.offsets), a)
+        if need > arena.free_bytes + figure("bytes", host_bytes, a):
             return False
-        v = alone(a, figure, measure) if alone is not None else measure(a)
-        return v >= one.pieces if page else v >= need
+        return enough(*figure(("freed", page), alone, a))
     ranked = _fits_first(ordered, key, fits)
     chosen, offsets, loss = [], {}, 0
     # HOST-1: the request cannot fit before the freed bytes cover it (what the placement query
@@ -807,7 +807,7 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
         loss += a.loss
         if grown is not None:
             grown.add(new)
-            if holds(grown):
+            if enough(grown.largest, grown.pages):
                 break
         elif short <= 0 and fits_after(list(offsets)):
             break
@@ -838,7 +838,7 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, alone=N
                     continue
             else:
                 again = host.Freeing(arena, left, page, base)
-                if not holds(again):
+                if not enough(again.largest, again.pages):
                     continue
                 if holding is not None:
                     holding = again.beyond(need)

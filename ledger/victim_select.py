@@ -105,8 +105,9 @@ class HostMemo:
     waiters and pause snapshots do, and those sets are evaluated per quote). `fits`:
     (figure, action) -> what "fits alone" (HOST-2) reads of the action alone — the bytes it
     frees, the largest extent or the pages it leaves, or a several-allocation request's answer —
-    for the actions kept here (`kept`, by identity). `dups`: the duplicate replicas before a quote's
-    protections (HOST-1)."""
+    for the actions kept here (`kept`, by identity); also figures of the arena itself (the page
+    count a page group reads). `dups`: the duplicate replicas before a quote's protections
+    (HOST-1)."""
 
     __slots__ = ("exact", "kept", "fits", "dups")
 
@@ -116,12 +117,30 @@ class HostMemo:
         self.fits: dict = {}
         self.dups: list | None = None
 
+    def alone(self, a, name, measure):
+        """`measure(a)`, a figure of action `a` alone on the arena named `name`, once for the
+        actions kept here (any other is measured each time)."""
+        if self.kept.get(id(a)) is not a:
+            return measure(a)
+        k = (name, id(a))
+        got = self.fits.get(k)
+        if got is None:
+            got = self.fits[k] = measure(a)
+        return got
+
+    def figure(self, name, compute):
+        """`compute()`, a figure of the arena these states hold, once."""
+        got = self.fits.get(name)
+        if got is None:
+            got = self.fits[name] = compute()
+        return got
+
 
 def _host_quote(state, cache, vi, gap, applicant, protect, keep, facts) -> Quote:
     """HOST-1/2 through the Host order: the reference's selection (`reclaim._select_host`) fed
     with the Host-resident actions in rank order, produced lazily (`_HostRanked`)."""
     ranked = _HostRanked(state, cache, vi, applicant, protect, keep, facts)
-    q = rc._select_host(state, cache, gap, applicant, None, 0, ranked.order, ranked.alone)
+    q = rc._select_host(state, cache, gap, applicant, None, 0, ranked.order, ranked.memo)
     ranked.record_cold()
     return q
 
@@ -227,18 +246,6 @@ class _HostRanked:
         if read_cold and self.facts._cold is None:
             self.facts._cold = self.facts.cold  # HEAT-4: evaluating it reads the owners beyond the target
         return a
-
-    def alone(self, a, key: tuple, measure):
-        """`measure(a)` (a figure of action `a` alone on the arena that HOST-2's "fits alone"
-        reads, named by `key`), once per states for the actions the memo keeps."""
-        memo = self.memo
-        if memo.kept.get(id(a)) is not a:
-            return measure(a)
-        k = (key, id(a))
-        got = memo.fits.get(k)
-        if got is None:
-            got = memo.fits[k] = measure(a)
-        return got
 
     def _special(self) -> list:
         vi, cache = self.vi, self.cache

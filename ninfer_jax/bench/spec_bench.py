@@ -5,8 +5,9 @@ whose prompts are 48-token windows of held-out English text (the Python document
 the built-in model was not trained on, `train/corpus.py`), greedy, 128 output tokens each (EOS
 ignored), submitted at once to a running engine after its warm-up, three rounds on the same
 engine. Reported per (C, k): decode tokens/s (output tokens after each request's first ÷ the
-wall time from the first first-token to the last token; the median round, and every round), acceptance by draft position (Verify units that emitted draft j ÷ Verify
-units), mean accepted length (tokens per Verify unit) and the tokens, which must equal
+wall time from the first first-token to the last token; the median round, and every round),
+acceptance by draft position (Verify units that emitted draft j ÷ Verify units), mean accepted
+length (tokens per Verify unit) and the tokens, which must equal
 k = 0's (the run fails otherwise). `best_k` and `speedup` per C: the fastest k over k = 0.
 
 Flags after `spec`: --max_tokens N (default 128), --requests_per_lane N (default 4), --repeats N
