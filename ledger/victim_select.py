@@ -33,7 +33,7 @@ from ledger import reclaim as rc
 from ledger import victims as vx
 from ledger.cache_state import Tier
 from ledger.reclaim import Action, Applicant, ApplicantKind, Gap, Quote, _Facts
-from ledger.state import DEVICE, HOST
+from ledger.state import DEVICE, HOST, KV_PAGES
 
 
 class QuoteFacts:
@@ -865,7 +865,8 @@ class _Claims:
         want = sel.g
         me = rc.walk_key(cid)
         walk, elig = sel.vi.walk, self.elig
-        for oid in vx.pages_of(c, sel.pool, sel.kind):
+        skip = vx.lead(sel.vi, c, sel.pool) if sel.kind == KV_PAGES else 0  # moved to Host before
+        for oid in vx.pages_of(c, sel.pool, sel.kind, skip):
             ok = elig.get(oid)
             if ok is False:
                 continue  # known not to move (the cheaper test first: points share their prefix)

@@ -56,7 +56,7 @@ key is then larger than the stored one, never smaller) or nothing, and is skippe
 from __future__ import annotations
 
 from bisect import bisect_left
-from itertools import chain
+from itertools import chain, islice
 from typing import NamedTuple
 
 import immutables
@@ -146,6 +146,7 @@ class VictimIndex(NamedTuple):
     hreuse: immutables.Map = _EMPTY  # holder sets with a reuse-tier owner (a quote's HEAT-4 read)
     pending: tuple = ()  # cache changes not yet applied: (holders, cids, owners, pools) batches (`sync`)
     wide: immutables.Map = _EMPTY  # oid -> pool: shared objects listed by more than BIG points
+    leads: dict | None = None  # (pool, cid) -> (dem entry, point's kv, lead, exact): `lead`'s cache: a cache `lead` keeps, shared by versions
 
 
 def _empty_order() -> PoolOrder:
@@ -156,7 +157,7 @@ def empty(state) -> VictimIndex:
     pools = tuple(p.pool_id for p in state.config.pools)
     orders = immutables.Map({p: _empty_order() for p in pools})
     return VictimIndex(pools, state.xrep, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, orders, _EMPTY,
-                       _EMPTY, _EMPTY, Heat(_EMPTY, PSorted(_agg_seg), _EMPTY, _EMPTY))
+                       _EMPTY, _EMPTY, Heat(_EMPTY, PSorted(_agg_seg), _EMPTY, _EMPTY), leads={})
 
 
 def walk_key(cid: int) -> int:
@@ -338,24 +339,36 @@ def reach(cid: int, objs, walk, xrep) -> tuple:
     object may move for its applicant, so a shared page its applicant protects does not make
     every point that lists it a candidate."""
     r, wr = -1, -1
+    xget = xrep.get
     for oid in objs:
-        x = xrep.get(oid)
-        if x is not None and not (x[0] and not x[1]):
-            continue  # a Host replica exists or no Device one: not demotable
+        # the replica is read only where the object could change the answer (a point's pages
+        # that went to Host are many; the walk entry decides most without it)
         w = walk.get(oid)
         if w is None or w[0][1] == cid:
-            return INF, -1
+            x = xget(oid)
+            if x is None or (x[0] and not x[1]):
+                return INF, -1
+            continue  # a Host replica exists or no Device one: not demotable
         a = w[0][2]
         if len(w) > BIG:
             if a > wr:
-                wr = a
+                x = xget(oid)
+                if x is None or (x[0] and not x[1]):
+                    wr = a
         elif a > r:
-            r = a
+            x = xget(oid)
+            if x is None or (x[0] and not x[1]):
+                r = a
     return r, wr
 
 
-def pool_objects(c, pool: str, opool) -> list:
-    return [o for o in c.object_ids() if opool.get(o) == pool]
+def pool_objects(c, pool: str, opool):
+    """Point c's objects in `pool`: its KV pages there (as `pages_of` lists them), or its
+    StateImage."""
+    segs = [pages for p, pages in c.kv if p == pool]
+    if segs:
+        return segs[0] if len(segs) == 1 else [o for pages in segs for o in pages]
+    return (c.state,) if opool.get(c.state) == pool else ()
 
 
 def owner_status(cache, owner):
@@ -440,6 +453,7 @@ class _Work:
         self.dirty_groups: set = set()
         self.dirty_points: set = set()  # groups with a point whose facts changed (special status, loss, tier)
         self.dirty_dem: set = set()  # demotion candidates whose count moved
+        self.gained: set = set()  # ... one of whose objects became Device-only (`lead`)
         self.dirty_dem_key: set = set()  # ... whose key may have moved (tier, demand, reach)
         self.dcids: set = set()  # points whose own loss may have changed
         self.ord: dict = {}  # pool -> {name: PSorted}
@@ -518,6 +532,8 @@ class _Work:
         cur = self.dem.get(k)
         self.dem[k] = ((cur[0] if cur else 0) + delta, cur[1] if cur else None)
         self.dirty_dem.add(k)
+        if delta > 0:
+            self.gained.add(k)
 
     def hold(self, oid: int, holder, sign: int, pool: str | None = None) -> None:
         old = self.oh.get(oid, _NONE)
@@ -756,6 +772,22 @@ class _Work:
         for oid, x0, x1 in ptrie.diff(self.xrep, xrep):
             self.presence(oid, x0, x1)
         self.xrep = xrep
+
+    def _carry_leads(self) -> None:
+        """A point that only lost Device-only objects in this change keeps its `lead` as a
+        lower bound: what came before its first Device-only page still does not move."""
+        leads, base = self.vi.leads, self.vi.dem
+        if not leads:
+            return
+        for k in self.dirty_dem:
+            if k in self.gained:
+                continue
+            got = leads.get(k)
+            if got is None or got[0] is not base.get(k):
+                continue
+            new = self.dem.get(k)
+            if new is not None:
+                leads[k] = (new, got[1], got[2], False)
 
     # -- keys --
     def _wide_chain(self, pool: str, hs):
@@ -1071,6 +1103,7 @@ class _Work:
                 del self.dem[k]
             else:
                 self.dem[k] = (n, want)
+        self._carry_leads()
         # 5b. the Host order: holder sets whose Host-only count or point facts moved
         hitems, hreuse, hl = _Lazy(vi.hitems), _Lazy(vi.hreuse), self.hl
         h_rm, h_add = [], []
@@ -1147,7 +1180,7 @@ class _Work:
         return VictimIndex(vi.pools, self.xrep, self.oh.finish(), self.opool.finish(), groups.finish(),
                            gidx.finish(), big_map, sp_map, orders, self.dem.finish(),
                            sl.finish(), self.walk.finish(), heat, hl.finish(), hitems.finish(), hord, hreuse.finish(),
-                           wide=self.wide.finish())
+                           wide=self.wide.finish(), leads=vi.leads)
 
 
 def _width(hs) -> int:
@@ -1375,7 +1408,7 @@ def build(state, cache) -> VictimIndex:
                        heat, immutables.Map(hlive), immutables.Map(hitems),
                        from_sorted(sorted(it[0] for it in hitems.values())),
                        immutables.Map({hs: None for hs, it in hitems.items() if it[2]}),
-                       wide=immutables.Map({oid: opool[oid] for oid, w in walk.items() if len(w) > BIG}))
+                       wide=immutables.Map({oid: opool[oid] for oid, w in walk.items() if len(w) > BIG}), leads={})
 
 
 def compare(got: VictimIndex, want: VictimIndex) -> list[str]:
@@ -1470,13 +1503,53 @@ def ahead_map(c, pool: str) -> dict:
     return out
 
 
-def pages_of(c, pool: str, kind: str):
+def pages_of(c, pool: str, kind: str, skip: int = 0):
     """The objects of checkpoint c in a pool, in the order a demotion takes them (RCL-6), read
-    lazily: a demotion group stops once it holds the gap."""
+    lazily: a demotion group stops once it holds the gap. `skip`: start after that many."""
     if kind != KV_PAGES:
         return (c.state,)
-    return chain.from_iterable(reversed(pages) for p, pages in c.kv if p == pool)
+    if not skip:
+        return chain.from_iterable(reversed(pages) for p, pages in c.kv if p == pool)
+    return islice(chain.from_iterable(reversed(pages) for p, pages in c.kv if p == pool), skip, None)
+
+
+def lead(vi: VictimIndex, c, pool: str) -> int:
+    """How many of point c's KV pages in `pool`, in demotion walk order (`pages_of`), come
+    before its first Device-only one. None of them can join a demotion group (RCL-6: only
+    objects with a Device replica and no Host one move), and they are the walk's head whenever
+    an earlier demotion moved the point's tail to Host, so a group's walk starts after them.
+
+    Kept in `vi.leads` (one dict all versions of an index share) as (`dem` entry, the point's
+    pages, lead, exact?), and read only while both are the very same objects: every change of
+    one of the point's objects into or out of Device-only rewrites that entry (`_dem_count`,
+    the re-key in `finish`), so versions sharing it agree on the point's Device-only pages, and
+    a point's pages are one tuple for its life (`Checkpoint.kv`). A change that only took
+    Device-only objects away carries the lead to the new entry as a lower bound
+    (`_Work._carry_leads`): the walk goes on from there, past the pages just demoted."""
+    key = (pool, c.cid)
+    d = vi.dem.get(key)
+    leads = vi.leads
+    if d is None or leads is None:
+        return 0
+    got = leads.get(key)
+    n = 0
+    if got is not None and got[0] is d and got[1] is c.kv:
+        if got[3]:
+            return got[2]
+        n = got[2]
+    xget = vi.xrep.get
+    for oid in pages_of(c, pool, KV_PAGES, n):
+        x = xget(oid)
+        if x is None or (x[0] and not x[1]):
+            break
+        n += 1
+    if len(leads) > 2 * len(vi.dem) + 4096:  # points deleted since: drop what they left behind
+        live = vi.dem
+        for k in [k for k in leads if k not in live]:
+            del leads[k]
+    leads[key] = (d, c.kv, n, True)
+    return n
 
 
 __all__ = ["VictimIndex", "Group", "PoolOrder", "Heat", "empty", "build", "change", "sync", "compare",
-           "beyond_target", "BIG", "HOST", "pages_of"]
+           "beyond_target", "BIG", "HOST", "pages_of", "lead"]

@@ -36,7 +36,25 @@ def order_matches_scratch(state, cache) -> None:
     kept = vx.sync(vi, state, cache)
     errs = vx.compare(kept, vx.build(state, cache))
     assert not errs, errs
+    leads_match_scratch(kept, state, cache)
     assert vx.beyond_target(kept, state)[0] == L.evidence.beyond_target_reference(state, cache)
+
+
+def leads_match_scratch(vi, state, cache) -> None:
+    """RCL-6: each demotion candidate's `lead` (kept across versions, carried as a lower bound
+    through demotions) is the number of its pages, in walk order, before its first Device-only
+    one, counted here from the objects themselves."""
+    for (pool, cid) in vi.dem.keys():
+        c = cache.checkpoints[cid]
+        if state.pool(pool).spec.kind != L.KV_PAGES:
+            continue
+        want = 0
+        for oid in vx.pages_of(c, pool, L.KV_PAGES):
+            o = state.objects[oid]
+            if o.device is not None and o.host is None:
+                break
+            want += 1
+        assert vx.lead(vi, c, pool) == want, f"point {cid} in {pool}: lead {vx.lead(vi, c, pool)} != {want}"
 
 
 def _cases(state, cache, n: int, start: int):
