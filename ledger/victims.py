@@ -773,6 +773,24 @@ class _Work:
             self.presence(oid, x0, x1)
         self.xrep = xrep
 
+    def _lead_now(self, k, c) -> int:
+        """`lead` of point c in pool k[0] on the version this change makes: on from the kept
+        one when the point only lost Device-only objects here (a lower bound), else from its
+        first page."""
+        n = 0
+        leads = self.vi.leads
+        if leads is not None and k not in self.gained:
+            got = leads.get(k)
+            if got is not None and got[0] is self.vi.dem.get(k) and got[1] is c.kv:
+                n = got[2]
+        xget = self.xrep.get
+        for oid in pages_of(c, k[0], KV_PAGES, n):
+            x = xget(oid)
+            if x is None or (x[0] and not x[1]):
+                break
+            n += 1
+        return n
+
     def _carry_leads(self) -> None:
         """A point that only lost Device-only objects in this change keeps its `lead` as a
         lower bound: what came before its first Device-only page still does not move."""
@@ -1089,9 +1107,15 @@ class _Work:
             n, stored = cur
             if n > 0 and stored is not None and k not in self.dirty_dem_key:
                 continue  # only its count moved (its key is the point's and its owner's)
-            want = None
+            want = lead = None
             if n > 0 and k[1] in cache.checkpoints:
-                objs = pool_objects(cache.checkpoints[k[1]], k[0], self.opool)
+                c = cache.checkpoints[k[1]]
+                segs = [pages for p, pages in c.kv if p == k[0]]
+                if len(segs) == 1:  # its lead (the last pages, forward) cannot reach: read the rest
+                    lead = self._lead_now(k, c)
+                    objs = segs[0][:len(segs[0]) - lead]
+                else:
+                    objs = pool_objects(c, k[0], self.opool)
                 want = dem_key(cache, facts, k[1], reach(k[1], objs, self.walk, self.xrep))
             if want != stored:
                 pool = k[0]
@@ -1102,7 +1126,9 @@ class _Work:
             if n <= 0:
                 del self.dem[k]
             else:
-                self.dem[k] = (n, want)
+                self.dem[k] = new = (n, want)
+                if lead is not None and self.vi.leads is not None:
+                    self.vi.leads[k] = (new, c.kv, lead, True)
         self._carry_leads()
         # 5b. the Host order: holder sets whose Host-only count or point facts moved
         hitems, hreuse, hl = _Lazy(vi.hitems), _Lazy(vi.hreuse), self.hl
