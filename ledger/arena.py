@@ -304,7 +304,7 @@ class Freeing:
     `free` coalesces) is kept with its members, so `beyond(size)` names the allocations that
     lie in the extents of at least `size` bytes."""
 
-    __slots__ = ("arena", "starts", "ends", "members", "largest", "page", "pages")
+    __slots__ = ("arena", "starts", "ends", "members", "largest", "page", "pages", "_where")
 
     def __init__(self, arena: HostArena, offsets=(), page: int = 0, base: int | None = None):
         self.arena = arena
@@ -314,12 +314,14 @@ class Freeing:
         self.largest = arena.largest_free
         self.page = page
         self.pages = (page_count(arena, page) if base is None else base) if page else 0
+        self._where = None  # freed offset -> the start of its extent (`pages_without`)
         self.add(offsets)
 
     def add(self, offsets) -> None:
         """Free the allocations at `offsets` (each once, none freed before)."""
         el, used, page = self.arena.free, self.arena.used, self.page
         starts, ends, members = self.starts, self.ends, self.members
+        self._where = None
         for o, e, mem in _runs(used, offsets):
             s = o
             gone = 0  # the pages the joined extents held apart
@@ -351,6 +353,23 @@ class Freeing:
                 self.largest = e - s
             if page:
                 self.pages += (e - s) // page - gone
+
+    def pages_without(self, offsets) -> int:
+        """At least the `pages` of the same frees less the allocations at `offsets` (freed
+        here): an extent holding some of them keeps their bytes less, and can only split
+        further, so it holds at most (length - their bytes) // page pages."""
+        where = self._where
+        if where is None:
+            where = self._where = {o: s for s, mem in self.members.items() for o in mem}
+        used, lost = self.arena.used, {}
+        for o in offsets:
+            s = where[o]
+            lost[s] = lost.get(s, 0) + used[o]
+        n, page, starts = self.pages, self.page, self.starts
+        for s, r in lost.items():
+            length = starts[s] - s
+            n -= length // page - (length - r) // page
+        return n
 
     def beyond(self, size: int) -> set:
         """The freed allocations lying in extents of at least `size` bytes."""

@@ -823,6 +823,11 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, memo=No
         for o in b.offsets:
             times[o] = times.get(o, 0) + 1
     have = sum(map(used.__getitem__, times))
+    # page groups: the frees of the actions kept so far, so a drop that would leave too few
+    # pages is refused from a bound (`pages_without`) before the extents are built again
+    cur = None
+    if page:
+        cur = grown if times.keys() == offsets.keys() else host.Freeing(arena, list(times), page, base)
     for a in reversed(list(chosen)):
         own = [o for o in a.offsets if times[o] == 1]
         left_bytes = have - sum(map(used.__getitem__, own))
@@ -837,11 +842,15 @@ def _select_host(state, cache, gap, applicant, ok, excluded, order=None, memo=No
                 if not fits_after(left):
                     continue
             else:
+                if cur is not None and cur.pages_without(own) < one.pieces:
+                    continue
                 again = host.Freeing(arena, left, page, base)
                 if not enough(again.largest, again.pages):
                     continue
                 if holding is not None:
                     holding = again.beyond(need)
+                if cur is not None:
+                    cur = again
         chosen, have = rest, left_bytes
         for o in a.offsets:
             times[o] -= 1

@@ -230,7 +230,7 @@ def test_host1_freeing_grows_as_the_frees_one_by_one(arena, data):
     step its largest extent is the arena's after freeing those allocations one by one,
     `beyond(size)` lists exactly the freed allocations inside extents of at least `size`, and a
     page group places (free one by one, then `place` with halving) exactly when its page count
-    covers the group."""
+    covers the group; `pages_without` bounds the page count of the same frees less a few."""
     order = data.draw(st.permutations(sorted(arena.used)))
     steps = data.draw(st.lists(st.integers(1, 4), max_size=8))
     page = data.draw(st.sampled_from((UNIT, 2 * UNIT, 3 * UNIT)))
@@ -250,6 +250,11 @@ def test_host1_freeing_grows_as_the_frees_one_by_one(arena, data):
         assert grown.pages == sum(n // page for _, n in ex.iter_extents(replay.free))
         n = data.draw(st.integers(1, 12))
         assert (grown.pages >= n) == _fits_by_replay(arena, [A.HostAllocation(n * page, n)], done)
+        # a drop pass's bound: the frees less some of them hold at most `pages_without` pages
+        if done:
+            back = data.draw(st.lists(st.sampled_from(done), unique=True, max_size=4))
+            fewer = A.Freeing(arena, [o for o in done if o not in back], page)
+            assert fewer.pages <= grown.pages_without(back)
         if i >= len(order):
             break
     with pytest.raises(ArenaError, match="double free"):
