@@ -146,7 +146,7 @@ class VictimIndex(NamedTuple):
     hreuse: immutables.Map = _EMPTY  # holder sets with a reuse-tier owner (a quote's HEAT-4 read)
     pending: tuple = ()  # cache changes not yet applied: (holders, cids, owners, pools) batches (`sync`)
     wide: immutables.Map = _EMPTY  # oid -> pool: shared objects listed by more than BIG points
-    leads: dict | None = None  # (pool, cid) -> (dem entry, point's kv, lead, exact): `lead`'s cache: a cache `lead` keeps, shared by versions
+    leads: dict | None = None  # (pool, cid) -> (dem entry, point's kv, lead, exact?): `lead`'s cache, shared by versions
 
 
 def _empty_order() -> PoolOrder:
@@ -329,6 +329,12 @@ def dem_key(cache, facts, cid: int, reaches: tuple) -> tuple:
     return ("dr" if h else "dn", (t, cid) + reaches)
 
 
+def _device_only(x) -> bool:
+    """A replica exception (or None) of an object a demotion may move: a Device replica, no
+    Host one (RCL-6)."""
+    return x is None or (x[0] and not x[1])
+
+
 def reach(cid: int, objs, walk, xrep) -> tuple:
     """RCL-6: (reach, wide reach): the demotion group of point `cid` (objects `objs` in one pool)
     can take something only for gaps up to one of these. Only Device-only objects can move. An
@@ -345,20 +351,15 @@ def reach(cid: int, objs, walk, xrep) -> tuple:
         # that went to Host are many; the walk entry decides most without it)
         w = walk.get(oid)
         if w is None or w[0][1] == cid:
-            x = xget(oid)
-            if x is None or (x[0] and not x[1]):
+            if _device_only(xget(oid)):
                 return INF, -1
             continue  # a Host replica exists or no Device one: not demotable
         a = w[0][2]
         if len(w) > BIG:
-            if a > wr:
-                x = xget(oid)
-                if x is None or (x[0] and not x[1]):
-                    wr = a
-        elif a > r:
-            x = xget(oid)
-            if x is None or (x[0] and not x[1]):
-                r = a
+            if a > wr and _device_only(xget(oid)):
+                wr = a
+        elif a > r and _device_only(xget(oid)):
+            r = a
     return r, wr
 
 
@@ -777,19 +778,8 @@ class _Work:
         """`lead` of point c in pool k[0] on the version this change makes: on from the kept
         one when the point only lost Device-only objects here (a lower bound), else from its
         first page."""
-        n = 0
-        leads = self.vi.leads
-        if leads is not None and k not in self.gained:
-            got = leads.get(k)
-            if got is not None and got[0] is self.vi.dem.get(k) and got[1] is c.kv:
-                n = got[2]
-        xget = self.xrep.get
-        for oid in pages_of(c, k[0], KV_PAGES, n):
-            x = xget(oid)
-            if x is None or (x[0] and not x[1]):
-                break
-            n += 1
-        return n
+        got = None if k in self.gained else _kept_lead(self.vi, k, c)
+        return _past_moved(c, k[0], self.xrep, got[0] if got else 0)
 
     def _carry_leads(self) -> None:
         """A point that only lost Device-only objects in this change keeps its `lead` as a
@@ -1110,10 +1100,9 @@ class _Work:
             want = lead = None
             if n > 0 and k[1] in cache.checkpoints:
                 c = cache.checkpoints[k[1]]
-                segs = [pages for p, pages in c.kv if p == k[0]]
-                if len(segs) == 1:  # its lead (the last pages, forward) cannot reach: read the rest
-                    lead = self._lead_now(k, c)
-                    objs = segs[0][:len(segs[0]) - lead]
+                if any(p == k[0] for p, _ in c.kv):  # reach does not depend on the order: read
+                    lead = self._lead_now(k, c)  # the walk past the lead, which cannot move
+                    objs = pages_of(c, k[0], KV_PAGES, lead)
                 else:
                     objs = pool_objects(c, k[0], self.opool)
                 want = dem_key(cache, facts, k[1], reach(k[1], objs, self.walk, self.xrep))
@@ -1557,23 +1546,34 @@ def lead(vi: VictimIndex, c, pool: str) -> int:
     leads = vi.leads
     if d is None or leads is None:
         return 0
-    got = leads.get(key)
-    n = 0
-    if got is not None and got[0] is d and got[1] is c.kv:
-        if got[3]:
-            return got[2]
-        n = got[2]
-    xget = vi.xrep.get
-    for oid in pages_of(c, pool, KV_PAGES, n):
-        x = xget(oid)
-        if x is None or (x[0] and not x[1]):
-            break
-        n += 1
+    got = _kept_lead(vi, key, c)
+    if got is not None and got[1]:
+        return got[0]
+    n = _past_moved(c, pool, vi.xrep, got[0] if got else 0)
     if len(leads) > 2 * len(vi.dem) + 4096:  # points deleted since: drop what they left behind
         live = vi.dem
         for k in [k for k in leads if k not in live]:
             del leads[k]
     leads[key] = (d, c.kv, n, True)
+    return n
+
+
+def _kept_lead(vi: VictimIndex, key, c):
+    """(lead, exact?) kept for point c on index version `vi`, else None."""
+    got = vi.leads.get(key) if vi.leads is not None else None
+    if got is None or got[0] is not vi.dem.get(key) or got[1] is not c.kv:
+        return None
+    return got[2], got[3]
+
+
+def _past_moved(c, pool: str, xrep, n: int) -> int:
+    """`n` (pages known not to move) plus the pages after them, in walk order, before point c's
+    first Device-only one."""
+    xget = xrep.get
+    for oid in pages_of(c, pool, KV_PAGES, n):
+        if _device_only(xget(oid)):
+            break
+        n += 1
     return n
 
 
