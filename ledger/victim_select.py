@@ -394,7 +394,8 @@ class _Select:
         self._claims = None
         self._wide_open = None
         self.free_units = None
-        self.pending: dict = {}  # cid -> the demotion needing Host victims (first MAX_VICTIM_DEMOTIONS)
+        self.pending: dict = {}  # cid -> the demotion needing Host victims (first MAX_VICTIM_DEMOTIONS), or None
+        self._unquoted: dict = {}  # cid -> (tier, demand, checkpoint, group): found, its Host quote not yet asked
 
     # -- what the applicant may take (RCL-10) --
     def _reuse_ok(self) -> bool:
@@ -587,11 +588,15 @@ class _Select:
             objects = self.state.objects
             holders = frozenset(h for oid in group for h in objects[oid].holders)
             return Action("demote", (cid,), tuple(group), len(group), (), 0, tier, demand, holders, (), DEVICE, ())
-        return self.pending.get(cid)
+        return self._pending(cid)
 
     def _prepare_pending(self) -> None:
         """The demotions that need Host victims: the reference quotes the oldest few by (tier,
-        demand, checkpoint) (`MAX_VICTIM_DEMOTIONS`); fixed before ranking (RCL-5)."""
+        demand, checkpoint) (`MAX_VICTIM_DEMOTIONS`); fixed before ranking (RCL-5). Which few is
+        fixed here; each one's Host quote is asked when the merge reaches its lower bound
+        (`_src_p`), since the selection usually closes on cheaper actions first. With owners
+        beyond the soft target every quote is asked now: a Host quote may record the HEAT-4 read
+        (`Quote.cold`) that the reference makes."""
         if not self.demote or self._units_free() >= self.g:
             return
         cps, cold = self.cache.checkpoints, self.cold
@@ -615,22 +620,50 @@ class _Select:
                         break
             if len(found) >= rc.MAX_VICTIM_DEMOTIONS:
                 break
-        state, cache, facts, ap = self.state, self.cache, self.facts, self.ap
-        spec = state.pool(self.pool).spec
         for tier, demand, c, group in found:
             self.facts.hot(c, frozenset())  # the reference ranks it (and reads its tier) before quoting
-            holders = frozenset(h for oid in group for h in state.objects[oid].holders)
-            need, wb = rc.demotion_writeback(spec, c, group, tier, ap, facts)
-            q = _host_quote(state, cache, self.vi, Gap(HOST, need.size, (need,)), wb, self.protect | set(group),
-                            frozenset(), facts)
-            if not q.admitted:
-                continue
-            victims = tuple(v._replace(objects=rc._all_freed(state, cache, v)) for v in q.chosen)
-            cids, waiters = rc._removes(victims)
-            if rc._freed(state, cache, group, cids, waiters):
-                continue  # RCL-5/RCL-7: the victims together would free the very pages being demoted
-            self.pending[c.cid] = Action("demote", (c.cid,), tuple(group), len(group), (), q.loss, tier, demand,
-                                         holders, (), DEVICE, victims)
+            self._unquoted[c.cid] = (tier, demand, c, group)
+        if cold:
+            for cid in list(self._unquoted):
+                self._pending(cid)
+
+    def _pending(self, cid):
+        """The demotion of `cid` with its Host victims, its Host quote asked on first use (RCL-5);
+        None when it is not among the few or no admissible Host selection makes room."""
+        got = self._unquoted.pop(cid, None)
+        if got is None:
+            return self.pending.get(cid)
+        tier, demand, c, group = got
+        state, cache, facts = self.state, self.cache, self.facts
+        self.pending[cid] = None
+        holders = frozenset(h for oid in group for h in state.objects[oid].holders)
+        need, wb = rc.demotion_writeback(state.pool(self.pool).spec, c, group, tier, self.ap, facts)
+        q = _host_quote(state, cache, self.vi, Gap(HOST, need.size, (need,)), wb, self.protect | set(group),
+                        frozenset(), facts)
+        if not q.admitted:
+            return None
+        victims = tuple(v._replace(objects=rc._all_freed(state, cache, v)) for v in q.chosen)
+        cids, waiters = rc._removes(victims)
+        if rc._freed(state, cache, group, cids, waiters):
+            return None  # RCL-5/RCL-7: the victims together would free the very pages being demoted
+        a = self.pending[cid] = Action("demote", (cid,), tuple(group), len(group), (), q.loss, tier, demand,
+                                       holders, (), DEVICE, victims)
+        return a
+
+    def _src_p(self):
+        """The few demotions needing Host victims, by a lower bound of their rank: the Host
+        victims' loss is at least 0 (normal tier); a reuse-tier key does not read it (RCL-4)."""
+        heads = []
+        for cid, (tier, demand, _, _) in self._unquoted.items():
+            if self._listed_demotion(cid):
+                heads.append(((0, 0, 0, 0.0, demand, True, (cid,)) if tier == Tier.NORMAL
+                              else (0, 0, 1, demand, 0, True, (cid,)), cid))
+        for cid, a in self.pending.items():
+            if a is not None and self._listed_demotion(cid):
+                heads.append((rc._rank_key(a, self.g), cid))
+        heads.sort()
+        for lb, cid in heads:
+            yield lb, "p", cid
 
     # -- exact lists (few) --
     def _cold_actions(self) -> list:
@@ -728,9 +761,7 @@ class _Select:
         if self.demote and self._units_free() == 0:
             # No demotion places as it is (HOST-1): only the few quoted with Host victims exist
             # (RCL-5), so the candidates are not walked.
-            for cid, a in self.pending.items():
-                if self._listed_demotion(cid):
-                    offer(a, 1)
+            sources.append(self._src_p())
         elif self.demote:
             sources.append(self._src_dn())
             if self._reuse_ok():
@@ -748,6 +779,8 @@ class _Select:
                     offer(self._x_action(payload), 0)
                 elif kind == "g":
                     offer(self._group_action(payload), 0)
+                elif kind == "p":
+                    offer(self._pending(payload), 1)
                 else:
                     offer(self._demote_action(payload), 1)
                 for lb, kind2, payload2 in sources[i]:
