@@ -420,3 +420,47 @@ def test_host_quotes_on_one_state_share_their_evaluations_and_match_reference(mo
     again = shared.quote(gap, ap._replace(ticket=9), protect)  # a new applicant: a new quote, the same entries
     assert again.chosen == L.quote_reference(state, cache, gap, ap._replace(ticket=9), protect).chosen
     assert len(evaluated) < n, "the second quote on the same states reads the memo"
+
+
+def test_rcl5_a_demotion_needing_host_victims_is_quoted_on_the_host_only_when_the_merge_reaches_it(monkeypatch):
+    """RCL-5 with a full arena: the reference quotes the oldest few demotions' Host victims
+    before ranking. The lazy walk fixes the same few but asks each one's Host quote only when
+    the merge reaches its rank's lower bound (the Host victims lose at least nothing), so a
+    selection that closes earlier asks fewer. Chosen actions equal the reference's either way."""
+    sim = make(main=40, slots=10, host=1 << 15)
+    for i in range(2):
+        _prompt_family(sim, 3, base=10 * i)
+    st = sim.state
+    room, copies = st.arena.free_bytes, []
+    for o in sorted((o for o in st.objects.values() if o.host is None and o.device is not None and o.holders),
+                    key=lambda o: (-o.device.nbytes, o.object_id)):
+        if o.device.nbytes <= room:
+            copies.append(o.object_id)
+            room -= o.device.nbytes
+    sim.state = L.commit(sim.state, L.plan_begin_transfer(sim.state, L.TransferRequest(
+        L.TxnKind.DEMOTION, "fill", copies, L.HOST_MEDIUM)))  # Device replicas kept: the arena fills
+    sim.drive_transaction()
+    state, cache = sim.state, sim.cache
+    assert state.arena.free_bytes == 0
+    asked = []
+    real = L.victim_select._host_quote
+    monkeypatch.setattr(L.victim_select, "_host_quote", lambda *a: asked.append(a[4]) or real(*a))
+    vi = V.sync(cache.victims, state, cache)
+    seen_fewer = False
+    for amount in (1, 2, 3, 6):
+        for ap in (L.Applicant(L.ApplicantKind.NECESSARY), L.Applicant(L.ApplicantKind.CAPTURE, budget=1000)):
+            gap = L.Gap(L.MAIN_KV, amount)
+            sel = L.victim_select._Select(state, cache, vi, gap, ap, frozenset(), frozenset(),
+                                          L.reclaim._Facts(state, cache), frozenset())
+            sel._prepare_pending()
+            few = len(sel._unquoted)
+            asked.clear()
+            q = L.quote(state, cache, gap, ap)
+            r = L.quote_reference(state, cache, gap, ap)
+            assert (q.chosen, q.admitted, q.freed, q.loss) == (r.chosen, r.admitted, r.freed, r.loss), (amount, ap)
+            assert len(asked) <= few
+            if amount == 1 and ap.kind == L.ApplicantKind.NECESSARY:
+                assert few >= 4 and any(a.kind == "demote" and a.host_victims for a in q.chosen)
+                seen_fewer = len(asked) < few
+    assert seen_fewer, "the selection closed before every pending demotion was quoted on the Host"
+    order_matches_scratch(state, cache)
