@@ -11,7 +11,7 @@ from typing import Hashable, Iterable, Sequence
 
 from ledger import validate as v
 from ledger.effects import CopyUnit
-from ledger.errors import AlreadyHolder, NotAHolder, PermitOverdraw, ReplicaError, UnknownLease, UnknownPermit
+from ledger.errors import AlreadyHolder, NotAHolder, PermitOverdraw, ReplicaError, UnknownLease, UnknownObject, UnknownPermit
 from ledger.ops import (
     Builder,
     DeleteLease,
@@ -46,6 +46,31 @@ def touch(b: Builder, o: PhysicalObject, **changes) -> PhysicalObject:
     new = _new(PhysicalObject, vals)
     b.do(SwapObject(o.version, new))
     return new
+
+
+_HOLDERS = _FIELD["holders"]
+
+
+def _holder_changes(b: Builder, ids, step, check):
+    """Change the holder set of each object in `ids` to `step(old)`: the change every bind,
+    capture and release makes on each of a context's pages (thousands a request). Read and
+    written through the builder's overlay at once, so the version each SwapObject records is the
+    one it replaced (a replay on another state checks it, RCL-2); holders never move replicas.
+    `check(o)` raises when the change is not allowed. Yields each object as changed."""
+    m = b._objs()
+    ops = b.ops
+    for oid in ids:
+        o = m.get(oid)
+        if o is None:
+            raise UnknownObject(f"no live physical object {oid}")
+        check(o)
+        vals = list(o)
+        vals[_VERSION] = o.version + 1
+        vals[_HOLDERS] = step(o.holders)
+        new = _new(PhysicalObject, vals)
+        m[oid] = new
+        ops.append(SwapObject(o.version, new))
+        yield new
 
 
 def _holder_sets(holder: Hashable, sign: int):
@@ -144,14 +169,14 @@ def plan_add_holders(state: LedgerState, object_ids: Iterable[int], holder: Hash
     ids = v.ids(object_ids, "objects")
     v.hashable(holder, "holder")
     b = Builder(state)
-    joined = _holder_sets(holder, +1)
-    for oid in ids:
-        o = v.live_object(b, oid)
+
+    def check(o):
         if holder in o.holders:
-            raise AlreadyHolder(f"{holder!r} already holds object {oid}")
+            raise AlreadyHolder(f"{holder!r} already holds object {o.object_id}")
         if not o.holders:
-            raise NotAHolder(f"object {oid} is being released (no holder left); it cannot be adopted")
-        touch(b, o, holders=joined(o.holders))
+            raise NotAHolder(f"object {o.object_id} is being released (no holder left); it cannot be adopted")
+    for _ in _holder_changes(b, ids, _holder_sets(holder, +1), check):
+        pass
     return finish(b, "add_holders", Proof(note=f"{holder!r} now holds {len(ids)} objects"))
 
 
@@ -162,12 +187,12 @@ def plan_drop_holders(state: LedgerState, object_ids: Iterable[int], holder: Has
     v.hashable(holder, "holder")
     b = Builder(state)
     freed, kept, released = [], [], {}
-    left = _holder_sets(holder, -1)
-    for oid in ids:
-        o = v.live_object(b, oid)
+
+    def check(o):
         if holder not in o.holders:
-            raise NotAHolder(f"{holder!r} does not hold object {oid}")
-        o = touch(b, o, holders=left(o.holders))
+            raise NotAHolder(f"{holder!r} does not hold object {o.object_id}")
+    for o in _holder_changes(b, ids, _holder_sets(holder, -1), check):
+        oid = o.object_id
         if release_if_unheld(b, o):
             freed.append(oid)
             if o.device is not None:

@@ -325,13 +325,16 @@ class SwapObject(NamedTuple):
     after: PhysicalObject
 
     def apply(self, b: Builder) -> None:
-        cur = b.obj(self.after.object_id)
+        after = self.after
+        oid = after.object_id
+        m = b._objs()  # the overlay it is written to (read through it: the same answers as `b.obj`)
+        cur = m.get(oid)
         if cur is None or cur.version != self.before:
-            raise StalePlan(f"object {self.after.object_id} changed (version {None if cur is None else cur.version},"
+            raise StalePlan(f"object {oid} changed (version {None if cur is None else cur.version},"
                             f" plan expects {self.before})")
-        b._objs()[self.after.object_id] = self.after
-        if cur.device is not self.after.device or cur.host is not self.after.host:
-            b._replicas(self.after.object_id, cur, self.after)
+        m[oid] = after
+        if cur.device is not after.device or cur.host is not after.host:
+            b._replicas(oid, cur, after)
 
     def requires(self):
         return (Precondition("object_version", self.after.object_id, self.before),)

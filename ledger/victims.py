@@ -432,6 +432,12 @@ class _Lazy:
             self.m = self.base.mutate()
         del self.m[k]
 
+    def mut(self):
+        """The mutation itself, for a loop that writes many keys (a context's pages)."""
+        if self.m is None:
+            self.m = self.base.mutate()
+        return self.m
+
     def finish(self):
         return self.base if self.m is None else self.m.finish()
 
@@ -642,7 +648,7 @@ class _Work:
                 self._put(pool, "x", xo)
         if dem and holder[0] == "ckpt":
             self._dem_count(pool, holder[1], sign * dem)
-        oh, opool = self.oh, self.opool
+        oh, opool = self.oh.mut(), self.opool.mut()
         if new:
             for oid in run:
                 oh[oid] = new
@@ -673,6 +679,7 @@ class _Work:
         k = (walk_key(cid), cid)
         i = bisect_left(sorted((walk_key(c), c) for c in was), k)
         m = n + 1 if sign > 0 else n - 1
+        walk = walk.mut()
         for oid in run:
             cur = walk.get(oid)
             if cur is None or len(cur) != n:  # not the listing `old` names: one by one
