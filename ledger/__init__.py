@@ -121,7 +121,7 @@ from ledger.capture import (
     plan_revoke_snapshot,
 )
 from ledger.evidence import observe_prefill, rebalance_tiers
-from ledger.identity import InputIdentity, from_frontier_identity, identity_of
+from ledger.identity import InputIdentity, extend, from_frontier_identity, identity_of
 from ledger.reclaim import (Applicant, ApplicantKind, Gap, Quote, gap_order, plan_reclaim, quote, quote_facts,
                             quote_reference)
 from ledger import evidence, victims

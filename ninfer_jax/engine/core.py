@@ -463,7 +463,7 @@ class EngineCore(UnitPlanning):
         output length rather than at every chunk and capture; prefixes share its digests."""
         total = len(req.prompt) + len(req.output)
         if req.ident is None or len(req.ident.tokens) != total:
-            req.ident = self.reuse.identity(req.prompt + tuple(req.output))
+            req.ident = self.reuse.identity(req.prompt + tuple(req.output), req.ident)
         return req.ident.prefix(n)
 
     def view(self, req: Request):

@@ -66,8 +66,14 @@ class ContextCache:
         self._quotes: dict = {}  # (gap, applicant, protect) -> its quote on those states
 
     # ---- plumbing ------------------------------------------------------------------------
-    def identity(self, tokens: Sequence[int]) -> ledger.InputIdentity:
-        return ledger.identity_of(tuple(tokens), execution=self.execution)
+    def identity(self, tokens: Sequence[int], known: ledger.InputIdentity | None = None) -> ledger.InputIdentity:
+        """The identity of `tokens`; `known`, an identity of a prefix of them (a request's before
+        its latest outputs), lends its block digests so only the new blocks are hashed."""
+        toks = tuple(tokens)
+        if (known is not None and known.execution == self.execution and not known.media
+                and toks[:len(known.tokens)] == known.tokens):
+            return ledger.extend(known, toks[len(known.tokens):])
+        return ledger.identity_of(toks, execution=self.execution)
 
     def apply(self, res) -> None:
         plan = res.plan if isinstance(res, CacheResult) else res

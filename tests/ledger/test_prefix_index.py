@@ -48,3 +48,16 @@ def test_candidates_and_deepest_match_a_brute_force_scan(points, query_tail, dat
         assert px.key_of(ident) in {k for k, cids in px.entries(index) if cid in cids}
     if not idents:
         assert len(index) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**40), max_size=3 * BLOCK + 5), st.lists(st.integers(0, 2**40), max_size=2 * BLOCK + 3))
+def test_extending_an_identity_hashes_the_same_digests_as_hashing_it_whole(head, more):
+    """The engine extends a request's identity by its new outputs instead of rehashing the
+    prompt (`ContextCache.identity(tokens, known)`): the digests the prefix index files points
+    under must be the ones a cold hash of the same tokens gives (CKP-4)."""
+    from ledger import extend
+    whole = identity_of(head + more, execution="e")
+    grown = extend(identity_of(head, execution="e"), more)
+    assert grown == whole
+    assert len(grown.blocks) == len(head + more) // BLOCK
