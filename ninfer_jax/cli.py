@@ -1,4 +1,4 @@
-"""The `ninfer` command: generate | chat | serve | bench | trace | plan | help (absl flags).
+"""The `ninfer` command: generate | chat | serve | bench | trace | plan | lower | help (absl flags).
 
 Flags are named like the Python API. Output goes to stdout, progress to stderr. `ninfer --help`
 lists the commands, `ninfer COMMAND --help` a command's flags (ninfer_jax/cli_help.py).
@@ -7,7 +7,9 @@ Exit status: 0 done; 2 a usage error, refused before any model loads or compiles
 sampling values, token ids, a prompt the model cannot take, a missing checkpoint: one line
 `ninfer COMMAND: ErrorClass: message` on stderr, from engine/preflight.py, which applies the
 engine's own rules); 1 an error once the engine runs. `ninfer plan` exits 1 when the capacity
-plan cannot fit (its ConfigError), 2 for bad flags or a bad model folder.
+plan cannot fit (its ConfigError), 2 for bad flags or a bad model folder. `ninfer lower` exits 1
+when a step does not lower (the first failing step named), 2 for bad flags, a bad model folder or
+a capacity that cannot fit.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ _TOKEN_IDS = flags.DEFINE_string("token_ids", None, "Comma-separated prompt toke
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 32, "Tokens to generate.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature in [0, 100]; 0 is greedy.")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed in [0, 2**63).")
-_JSON = flags.DEFINE_bool("json", False, "bench, trace, plan: print one JSON object.")
+_JSON = flags.DEFINE_bool("json", False, "bench, trace, plan, lower: print one JSON object.")
 
 # serve, and generate/chat --server (the logic lives in server/cli_commands.py).
 _SERVER = flags.DEFINE_string("server", None, "generate/chat: HOST:PORT of a running `ninfer serve` to use "
@@ -101,6 +103,12 @@ _SPLIT_SWEEP = flags.DEFINE_string("split_sweep", None, "trace: replay --cache_d
 _SKIP_TOO_LONG = flags.DEFINE_bool("skip_too_long", False, "trace: report the requests that cannot fit max_context "
                                    "(requests_too_long) and replay the rest, instead of refusing the replay; with "
                                    "--cache_device_bytes, max_context is bounded by what Main KV holds.")
+_PLATFORM = flags.DEFINE_string("platform", "cuda", "lower: the platform to lower for: cuda, rocm or cpu (no device "
+                                "of that kind is needed).")
+_BACKEND = flags.DEFINE_string("backend", None, "lower: the kernels' backend: pallas (the Triton kernels), xla (their "
+                               "pure-JAX references) or interpret.")
+_STEPS = flags.DEFINE_string("steps", None, "lower: only the steps whose names start with one of these "
+                             "comma-separated prefixes, or of these kinds (step, head, mover, kernel).")
 _QUICK = flags.DEFINE_bool("quick", False, "bench preempt: the smallest run (the cost-model Program only, seconds).")
 
 COMMANDS = tuple(cli_help.COMMANDS)
@@ -508,6 +516,41 @@ def cmd_plan(args: list[str]) -> int:
     return 0
 
 
+def cmd_lower(args: list[str]) -> int:
+    """Lower every compiled step and Pallas kernel of --model for --platform from shapes alone
+    (ninfer_jax/lower.py): config.json only, no weights, no device, nothing compiled. One line per
+    step on stdout (or one JSON object); exit 1 naming the first step that did not lower."""
+    import time
+
+    try:
+        _no_arguments("lower", args)
+        from ninfer_jax import lower
+
+        plan = lower.plan_lowering(engine_config_from_flags(), platform=_PLATFORM.value, backend=_BACKEND.value,
+                                   speculative_tokens=_SPECULATIVE_TOKENS.value, only=_STEPS.value)
+    except _usage_errors() as e:
+        return _refuse("lower", e)
+    s = plan.shapes
+    n = len(plan.steps)
+    print(f"[ninfer] lowering {n} step{'' if n == 1 else 's'} of {s.model} ({s.dtype}) for {plan.platform}, kernels "
+          f"{plan.backend}: chunk {s.chunk_size}, decode buckets {','.join(map(str, s.decode_buckets))}, "
+          f"speculative_tokens {s.speculative_tokens}, {s.kv_pages} Main KV pages, {s.state_slots} StateImage slots",
+          file=sys.stderr)
+    start = time.perf_counter()
+    results = []
+    for result in lower.lower_steps(plan):
+        results.append(result)
+        if not _JSON.value:
+            print(result.line(), flush=True)
+    seconds = time.perf_counter() - start
+    if _JSON.value:
+        print(json.dumps(lower.report(plan, results, seconds), sort_keys=True))
+    print(f"[ninfer] lowered {sum(r.ok for r in results)} of {len(results)} steps for {plan.platform} in "
+          f"{seconds:.1f}s", file=sys.stderr)
+    error = lower.failure(results)
+    return _failed("lower", error) if error else 0
+
+
 def cmd_help(args: list[str]) -> int:
     code, text = cli_help.help_request(["help", *args])
     print(text, file=sys.stdout if code == 0 else sys.stderr)
@@ -515,7 +558,7 @@ def cmd_help(args: list[str]) -> int:
 
 
 HANDLERS = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench, "trace": cmd_trace,
-            "plan": cmd_plan, "help": cmd_help}
+            "plan": cmd_plan, "lower": cmd_lower, "help": cmd_help}
 
 
 def main(argv: list[str]) -> int:

@@ -27,6 +27,10 @@ ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_
 CAPACITY = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "device_state_slots",
             "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction", "speculative_tokens")
 
+# The sizes `ninfer lower` lowers the Program's steps at (its capacity plan, as ninfer plan's).
+LOWER_SIZES = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "device_state_slots",
+               "device_memory_bytes", "device_memory_fraction")
+
 # ninfer trace --program=sim: one byte budget for the pools instead of the device solve (docs/trace.md).
 CACHE_BUDGET = ("cache_device_bytes", "split", "split_sweep", "skip_too_long")
 
@@ -110,6 +114,23 @@ COMMANDS: dict[str, Command] = {
         ("ninfer plan --model=/path/to/Qwen3-Next-80B-A3B-Instruct --max_concurrency=8 --max_context=32768 "
          "--device_memory_bytes=206158430208",
          "ninfer plan --json                                # the built-in model on this device")),
+    "lower": Command(
+        "lower every compiled step and Pallas kernel for a GPU, without one (no weights read)",
+        "ninfer lower [--platform=cuda|rocm|cpu] [--model=FOLDER] [--steps=PREFIX,...] [--json] [flags]",
+        "Lowers, from shapes alone, every step the engine compiles — the prefill chunk, every decode "
+        "bucket, the speculative steps of a model with an MTP head, the head an exact hit samples from, "
+        "the pools' byte movers — and every Pallas kernel on its own at the model's shapes, for "
+        "--platform (no device of that kind is needed: Triton's own compilation is not run). It reads "
+        "the model's config.json only, so a folder holding just config.json works. One line per step "
+        "on stdout: lowered, with the custom calls its StableHLO holds (__gpu$xla.gpu.triton for a "
+        "Triton kernel) and the Pallas kernels by name, or FAILED with the error. Exit 1 naming the "
+        "first step that did not lower; 2 for bad flags, a bad model folder or sizes that do not fit.",
+        (("lower", ("platform", "backend", "steps", "speculative_tokens", "json")), ("model", MODEL),
+         ("sizes", LOWER_SIZES)),
+        ("ninfer lower --platform=cuda                     # the built-in model",
+         "ninfer lower --model=/path/to/Qwen3-Next-80B-A3B-Instruct --dtype=bfloat16 --max_concurrency=8 "
+         "--device_memory_bytes=206158430208",
+         "ninfer lower --steps=decode,kernel --json")),
 }
 HELP_SUMMARY = "this list, or a command's flags and examples (ninfer help COMMAND)"
 
@@ -128,13 +149,15 @@ _NONE_DEFAULTS = {
     "cache_device_bytes": "none: the pools are solved from the device's memory",
     "split": "one StateImage per max_context/4 of Main KV, 2C slots at least where Main KV keeps one max_context",
     "split_sweep": "none: one split",
+    "steps": "every step",
 }
 _METAVARS = {"model": "FOLDER", "prompt": "TEXT", "token_ids": "IDS", "server": "HOST:PORT", "host": "HOST",
              "token": "TOKEN", "messages": "JSON|@FILE", "session": "ID", "compilation_cache": "FOLDER|off",
              "port": "PORT", "max_message_bytes": "BYTES", "host_capacity_bytes": "BYTES", "kv_capacity": "TOKENS",
              "max_context": "TOKENS", "chunk_size": "TOKENS", "turns": "N", "trace_limit": "N",
              "device_memory_bytes": "BYTES", "device_memory_fraction": "FRACTION", "cache_device_bytes": "BYTES",
-             "split": "FRACTION", "split_sweep": "S1,S2,..."}
+             "split": "FRACTION", "split_sweep": "S1,S2,...", "platform": "cuda|rocm|cpu",
+             "backend": "pallas|xla|interpret", "steps": "PREFIX,..."}
 
 
 def engine_default(name: str) -> str | None:
@@ -187,6 +210,11 @@ _OVERRIDES = {
     ("bench", "json"): ("print the figures as one JSON object.", None),
     ("trace", "json"): ("print the figures as one JSON object.", None),
     ("plan", "json"): ("print the plan as one JSON object.", None),
+    ("lower", "json"): ("print the results as one JSON object.", None),
+    ("lower", "backend"): ("the kernels' backend: pallas (the Triton kernels), xla (their pure-JAX references) or "
+                           "interpret.", "pallas for cuda and rocm, xla for cpu"),
+    ("lower", "speculative_tokens"): ("k of the speculative steps lowered (prefill_spec, spec_decode, spec_commit); "
+                                      "0: none.", "2 when the model has an MTP head, else 0"),
     ("trace", "max_tokens"): ("tokens to generate for requests whose trace line gives no output length.", None),
     ("trace", "cache_device_bytes"): (
         "--program=sim: N device bytes shared by Main KV pages, StateImage slots and backend pools instead of the "
@@ -203,7 +231,7 @@ _OVERRIDES = {
                                      "ninfer trace --cache_device_bytes would.", None),
     ("plan", "split"): ("with --cache_device_bytes: the StateImage share, in (0, 1).", None),
 }
-_SCOPE = re.compile(r"^(Engine|serve|chat|trace|generate/chat( --server)?|bench preempt): ")
+_SCOPE = re.compile(r"^(Engine|serve|chat|trace|lower|generate/chat( --server)?|bench preempt): ")
 
 
 def _flag_line(command: str, name: str) -> str:

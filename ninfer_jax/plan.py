@@ -30,10 +30,12 @@ which live in host memory there, are shown but not charged (the CFG-2 default).
                                          + max(dense: 2·I, MoE: E + k·(2·H + 2·I_moe) + 2·I_shared)
     + r × V × (itemsize + 4)           the logits and their float32 copy
     + r × 2 × (Hv·Dk·Dv·4 + (K-1)·conv_dim·itemsize)   one GDN layer's state read and written
-    + r × 2·S·Hkv·D·4 + 3 × r·Hq·t·S·4 (backend xla/interpret; S = pages per request × 64):
-                                       the row's whole page table gathered as float32 K and V,
-                                       and the scores, masked scores and probabilities; the
-                                       Pallas kernels read pages in place and add nothing here
+    + r × 2·S·Hkv·D·4 + 3 × Hq·t·S·4 (backend xla/interpret; S = pages per request × 64):
+    + [r > 1] 2·S·Hkv·D·4              the rows' whole page tables gathered as float32 K and V,
+                                       and one row's scores, masked scores and probabilities
+                                       (the reference attends row by row, for batch invariance;
+                                       with several rows, the row's K and V sliced for the loop);
+                                       the Pallas kernels read pages in place and add nothing here
 
   store moves: one request's whole context packed on the device for the Host (a Snapshot
   pause at `max_context`, PAUSE-2, or its read-back): pages per request × page bytes + one
@@ -117,7 +119,11 @@ def step_workspace_bytes(model: ModelConfig, rows: int, tokens: int, pages_per_r
     if model.attention_layers and backend in ("xla", "interpret"):
         s = pages_per_request * cap.PAGE_TOKENS
         out += rows * 2 * s * model.num_key_value_heads * model.head_dim * 4
-        out += 3 * rows * model.num_attention_heads * tokens * s * 4
+        # the reference attends row by row (batch invariance): one row's scores at a time, and
+        # with several rows, the row's keys and values sliced out for the loop's body
+        out += 3 * model.num_attention_heads * tokens * s * 4
+        if rows > 1:
+            out += 2 * s * model.num_key_value_heads * model.head_dim * 4
     return out
 
 

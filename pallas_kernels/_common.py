@@ -107,3 +107,40 @@ def dot_tn(a, b):
     """a^T @ b for 2-D a [K, M], b [K, N] -> [M, N] (float32)."""
     dims = (((0,), (0,)), ((), ()))
     return jax.lax.dot_general(a, b, dims, precision=HIGHEST, preferred_element_type=jnp.float32)
+
+
+def two_or_more(idx, fill):
+    """`idx` ([M] or [M, ...] indices) with one row of `fill` appended when M is 1.
+
+    XLA rewrites a gather or scatter of a single index into a dynamic-slice or
+    dynamic-update-slice, which its fusion pass then duplicates into every consumer; a
+    duplicated read of a pool that an in-place write does not depend on (or a duplicated write)
+    makes copy insertion copy the whole pool. With two indices the op stays a gather or
+    scatter, read or written once. `fill`: an index the caller drops (scatter, out of range) or
+    discards (gather, sliced off)."""
+    if idx.shape[0] != 1:
+        return idx
+    return jnp.concatenate([idx, jnp.full_like(idx, fill)], axis=0)
+
+
+def tree_sum(x, axis: int = -1):
+    """Sum over `axis` as a fixed binary tree of elementwise adds (zero-padded to a power of two).
+
+    Batch invariance (doctrine 1): XLA's CPU reduce vectorises by the shape and the fusion it
+    lands in, so the same row summed alone or beside other rows can round differently; a tree of
+    slices and adds is the same arithmetic for every element whatever the rest of the array."""
+    x = jnp.moveaxis(x, axis, -1)
+    n = x.shape[-1]
+    width = next_pow2(n)
+    if width != n:
+        x = jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (width - n,), x.dtype)], axis=-1)
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    return x[..., 0]
+
+
+def softmax(s):
+    """Softmax over the last axis with `tree_sum` (its max is exact in any order)."""
+    e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    return e / tree_sum(e)[..., None]

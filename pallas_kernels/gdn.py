@@ -41,6 +41,7 @@ from pallas_kernels._common import (
     is_pow2,
     largest_pow2_divisor,
     pallas_params,
+    tree_sum,
 )
 
 _BLOCK_V = 64  # value columns per program: state columns evolve independently
@@ -107,11 +108,13 @@ def recurrent_gated_delta_rule_reference(q, k, v, g, beta, initial_state):
 
 def _step_math(q, k, v, g, beta, s):
     """q, k [B, H, Dk]; v [B, H, Dv]; g, beta [B, H]; s [B, H, Dk, Dv] (all float32)."""
+    # Products over Dk as explicit tree sums, not one-row matmuls: XLA rewrites those into
+    # reductions whose order depends on the batch (tree_sum: batch invariance).
     s = s * jnp.exp(g)[..., None, None]
-    kv = _mm("bhk,bhkv->bhv", k, s)
+    kv = tree_sum(k[..., :, None] * s, axis=-2)
     delta = beta[..., None] * (v - kv)
     s = s + k[..., :, None] * delta[..., None, :]
-    return _mm("bhk,bhkv->bhv", q, s), s
+    return tree_sum(q[..., :, None] * s, axis=-2), s
 
 
 def _pad_time(x, t_pad):

@@ -12,6 +12,7 @@ from jax.experimental import pallas as pl
 from pallas_kernels._common import (
     KernelArgumentError,
     check_backend,
+    two_or_more,
     check_dims,
     check_int,
     largest_pow2_divisor,
@@ -48,13 +49,15 @@ def _drop_negative(idx, n):
 
 def gather_reference(pool, idx):
     n = pool.shape[0]
-    rows = pool[jnp.clip(idx, 0, n - 1)]
+    rows = pool[two_or_more(jnp.clip(idx, 0, n - 1), 0)][:idx.shape[0]]
     keep = (idx >= 0).reshape((-1,) + (1,) * (pool.ndim - 1))
     return jnp.where(keep, rows, jnp.zeros((), pool.dtype))
 
 
 def scatter_reference(pool, idx, values):
-    return jnp.asarray(pool).at[_drop_negative(idx, pool.shape[0])].set(values.astype(pool.dtype), mode="drop")
+    n = pool.shape[0]
+    values = two_or_more(values.astype(pool.dtype), 0)  # the padding row goes to index n: dropped
+    return jnp.asarray(pool).at[two_or_more(_drop_negative(idx, n), n)].set(values, mode="drop")
 
 
 def copy_reference(pool, src, dst):

@@ -28,6 +28,7 @@ from pallas_kernels._common import (
     is_pow2,
     next_pow2,
     pallas_params,
+    two_or_more,
 )
 
 # Finite "minus infinity": a fully masked row then gives a finite (discarded) result instead
@@ -105,9 +106,10 @@ def write_kv_reference(k_pages, v_pages, k_new, v_new, page_table, start_pos, le
     r, t = k_new.shape[:2]
     slots = _write_slots(page_table, start_pos, lengths, t, ps, n).reshape(-1)
 
-    def put(pool, new):
+    def put(pool, new):  # a lone token's write stays a scatter (two_or_more)
         flat = jnp.asarray(pool).reshape(n * ps, hkv, d)
-        flat = flat.at[slots].set(new.reshape(r * t, hkv, d).astype(pool.dtype), mode="drop")
+        rows = two_or_more(new.reshape(r * t, hkv, d).astype(pool.dtype), 0)
+        flat = flat.at[two_or_more(slots, n * ps)].set(rows, mode="drop")
         return flat.reshape(pool.shape)
 
     return put(k_pages, k_new), put(v_pages, v_new)
@@ -145,18 +147,29 @@ def _gather_row_kv(pages, page_table):
     return rows.reshape(r, p * ps, hkv, d).astype(jnp.float32)
 
 
-def _attend_reference(q, k, v, key_limit, scale):
-    """q [R, T, Hq, D]; k, v [R, S, Hkv, D]; key_limit [R, T]: key s visible iff s < key_limit."""
-    r, t, hq, d = q.shape
-    s_len, hkv = k.shape[1], k.shape[2]
+def _attend_row(q, k, v, key_limit, scale):
+    """One row: q [T, Hq, D]; k, v [S, Hkv, D]; key_limit [T]: key s visible iff s < key_limit."""
+    t, hq, d = q.shape
+    s_len, hkv = k.shape[0], k.shape[1]
     g = hq // hkv
-    qg = q.astype(jnp.float32).reshape(r, t, hkv, g, d)
-    s = jnp.einsum("rtkgd,rskd->rkgts", qg, k, precision=HIGHEST) * jnp.float32(scale)
-    visible = jnp.arange(s_len, dtype=jnp.int32)[None, None, :] < key_limit[:, :, None]  # [R, T, S]
-    s = jnp.where(visible[:, None, None], s, _NEG)
+    qg = q.astype(jnp.float32).reshape(t, hkv, g, d)
+    s = jnp.einsum("tkgd,skd->kgts", qg, k, precision=HIGHEST) * jnp.float32(scale)
+    visible = jnp.arange(s_len, dtype=jnp.int32)[None, :] < key_limit[:, None]  # [T, S]
+    s = jnp.where(visible[None, None], s, _NEG)
     p = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("rkgts,rskd->rtkgd", p, v, precision=HIGHEST)
-    return o.reshape(r, t, hq, d)
+    o = jnp.einsum("kgts,skd->tkgd", p, v, precision=HIGHEST)
+    return o.reshape(t, hq, d)
+
+
+def _attend_reference(q, k, v, key_limit, scale):
+    """q [R, T, Hq, D]; k, v [R, S, Hkv, D]; key_limit [R, T]: key s visible iff s < key_limit.
+
+    Row by row (a loop of identical one-row programs), so a row's result does not depend on how
+    many rows share the call: XLA's batched products and reductions over R round differently as
+    R changes (batch invariance, doctrine 1). One row (a prefill chunk) runs the body alone."""
+    if q.shape[0] == 1:
+        return _attend_row(q[0], k[0], v[0], key_limit[0], scale)[None]
+    return jax.lax.map(lambda a: _attend_row(*a, scale), (q, k, v, key_limit))
 
 
 def prefill_attention_reference(q, k_pages, v_pages, page_table, start_pos, lengths, *, scale, key_offset=0):

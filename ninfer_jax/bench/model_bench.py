@@ -1,7 +1,9 @@
 """`ninfer bench model [--json]`: the model's step functions on the built-in model.
 
-Measures, after warm-up, prefill tokens/s (one row, 64-token chunks) and decode steps/s at
-1/2/4/8 rows, and reports every compilation with its seconds. When torch and transformers are
+Measures, after warm-up, prefill tokens/s (one row, 64-token chunks), decode steps/s at
+1/2/4/8 rows (the engine runs 2/4/8: program.DECODE_BUCKETS), the decode step's time on an 8x
+larger Main KV pool ÷ the small one at 1 and 4 requests (in place: near 1), and reports every
+compilation with its seconds. When torch and transformers are
 importable, the same work runs in transformers (CPU, float32, eager) on the same weights in the
 same process, and the ratios NInfer ÷ transformers are reported side by side.
 
@@ -85,6 +87,46 @@ def _ours(prompt: np.ndarray, decode_steps: int) -> dict:
         rows = c.bucket[1][0]
         width = c.bucket[1][1] if c.bucket[0] == "prefill" else 1
         out[f"compile_s_{c.bucket[0]}_b{rows}_t{width}"] = c.seconds
+    return out
+
+
+def _capacity(decode_steps: int, rounds: int = 5) -> dict:
+    """In place (issue 33): a decode step's time on a Main KV pool 8x larger ÷ the same step on
+    the small pool, same max_context, at 1 request (the 2-row bucket, one padding row) and at 4,
+    the two pools' steps timed in turn (`rounds` pairs) so a drifting machine moves both. A step
+    that copied a pool inside would scale with its size (4.98 at 1 request before)."""
+    model = load_model(builtin.NAME)
+    cfg = model.config
+    per_request = 8  # max_context 512
+    out = {}
+    for requests, bucket in ((1, 2), (4, 4)):
+        times = {}
+        runs = {}
+        for scale in (1, 8):
+            steps = CompiledSteps(model, progress=False)
+            kv, state = init_pools(cfg, scale * 8 * per_request, 8, model.dtype)
+            table = np.arange(bucket * per_request, dtype=np.int32).reshape(bucket, per_request)
+            slots = np.where(np.arange(bucket) < requests, np.arange(bucket), -1).astype(np.int32)
+            tokens = np.full(bucket, 7, np.int32)
+            positions = np.where(slots >= 0, 300, 0).astype(np.int32)
+            runs[scale] = [steps, kv, state, tokens, positions, table, slots]
+            times[scale] = []
+        for r in range(rounds + 1):  # round 0 warms up (compiles)
+            for scale in (1, 8):
+                steps, kv, state, *rest = runs[scale]
+                start = time.perf_counter()
+                for _ in range(decode_steps):
+                    logits, _, kv, state = steps.decode(kv, state, *rest)
+                jax.block_until_ready(logits)
+                if r:
+                    times[scale].append((time.perf_counter() - start) / decode_steps)
+                runs[scale][1:3] = [kv, state]
+        small, big = (float(np.median(times[s])) for s in (1, 8))
+        out[f"decode_step_s_kv1x_r{requests}"] = small
+        out[f"decode_step_s_kv8x_r{requests}"] = big
+        out[f"capacity_ratio_r{requests}"] = big / small
+        _say(f"decode step with 8x Main KV / 1x at {requests} request(s): {big / small:.3f} "
+             f"({big * 1e3:.2f} / {small * 1e3:.2f} ms)")
     return out
 
 
@@ -183,6 +225,7 @@ def run(argv: list[str]) -> dict:
     figures = {"model": builtin.NAME, "backend": "xla", "device": jax.devices()[0].platform,
                "prompt_len": prompt_len, "decode_steps": decode_steps}
     figures.update(_ours(prompt, decode_steps))
+    figures.update(_capacity(decode_steps))
     figures.update(_trained())
     have_hf = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
     if have_hf and "--no_transformers" not in argv:

@@ -313,7 +313,11 @@ class Engine:
         is gone it answers from the last counters, plus `failed` and `failure` after a failure."""
         def snapshot():
             out = dict(self.core.counters)
-            out.update(compilations=self.program.compilations, residents=len(self.core.residents),
+            # compilations: executables built; of them, compilations_from_cache were read back
+            # from JAX's persistent compilation cache (nothing compiled)
+            out.update(compilations=self.program.compilations,
+                       compilations_from_cache=self.program.compilations_from_cache,
+                       residents=len(self.core.residents),
                        queued=len(self.core.fresh), paused=len(self.core.preempt),
                        warmup_seconds=self.warmup_seconds,
                        cost_model=self.core.reuse.rates.stats())  # SRC-3: the prices in use

@@ -13,36 +13,69 @@ paged steps (`[R, T, H]`, `[B, H]`) share them; only the token mixers' cores dif
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
 from ninfer_jax.model.config import ModelConfig
+from pallas_kernels._common import softmax, tree_sum
+
+
+# Batch invariance (doctrine 1): a decode-sized matmul runs its rows in blocks of ROW_BLOCK,
+# every block the same `[ROW_BLOCK, K] @ [K, N]` product, so a row's result does not depend on
+# how many rows share the step or where it sits among them. XLA's CPU dot takes a different
+# path for one row (a matrix-vector product) than for several, with another summation order;
+# and the order of a larger product may depend on its row count. At NATIVE_ROWS rows and more
+# (a prefill chunk, always chunk_size rows of one request; the whole-sequence reference) the
+# product is one native matmul: its shape never depends on other requests.
+ROW_BLOCK = 8
+NATIVE_ROWS = 64
 
 
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x @ w at full precision for float32 (exactness) and native speed for bfloat16."""
+    """x `[..., K]` @ w `[K, N]`: full precision for float32 (exactness), native for bfloat16;
+    batch-invariant below NATIVE_ROWS rows (ROW_BLOCK)."""
     precision = jax.lax.Precision.HIGHEST if w.dtype == jnp.float32 else None
-    return jnp.matmul(x, w, precision=precision)
+    lead, k = x.shape[:-1], x.shape[-1]
+    m = math.prod(lead)
+    if m >= NATIVE_ROWS:
+        return jnp.matmul(x, w, precision=precision)
+    blocks = -(-m // ROW_BLOCK)
+    rows = jnp.pad(x.reshape(m, k), ((0, blocks * ROW_BLOCK - m), (0, 0)))
+
+    def block(r):
+        return jnp.matmul(r, w, precision=precision)
+
+    # Identical separate products, not one of blocks*ROW_BLOCK rows, and not a loop either: XLA
+    # emits a product inside a while loop otherwise than the same product outside one.
+    out = jnp.concatenate([block(rows[i * ROW_BLOCK:(i + 1) * ROW_BLOCK]) for i in range(blocks)], axis=0)
+    return out[:m].reshape(*lead, w.shape[-1])
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """Zero-centred RMSNorm: the stored weight is an offset from 1."""
     x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    y = x32 * jax.lax.rsqrt(_mean_square(x32) + eps)
     return (y * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
+
+
+def _mean_square(x32: jax.Array) -> jax.Array:
+    """mean(x²) over the last axis, keepdims, as a tree sum (batch invariance, `tree_sum`)."""
+    return (tree_sum(x32 * x32) / x32.shape[-1])[..., None]
 
 
 def gated_rms_norm(x: jax.Array, z: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """The GDN output norm: plain weight (not 1+w), then gated by silu(z)."""
     x32 = x.astype(jnp.float32)
-    y = (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+    y = (x32 * jax.lax.rsqrt(_mean_square(x32) + eps)).astype(x.dtype)
     y = (weight * y).astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
     return y.astype(x.dtype)
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     x32 = x.astype(jnp.float32)
-    return x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)
+    return x32 * jax.lax.rsqrt(tree_sum(x32 * x32)[..., None] + eps)
 
 
 # ---- rotary embedding -------------------------------------------------------------------
@@ -188,10 +221,10 @@ def moe(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
     lead, hidden = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, hidden)
     n, top_k, num_experts = flat.shape[0], cfg.num_experts_per_tok, cfg.num_experts
-    probs = jax.nn.softmax(matmul(flat, p["router"]).astype(jnp.float32), axis=-1)
+    probs = softmax(matmul(flat, p["router"]).astype(jnp.float32))
     weights, experts = jax.lax.top_k(probs, top_k)  # [n, k]
     if cfg.norm_topk_prob:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        weights = weights / tree_sum(weights)[..., None]
     weights = weights.astype(x.dtype)
 
     expert_of = experts.reshape(-1)  # [n*k]

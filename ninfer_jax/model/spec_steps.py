@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.mtp_steps import _mtp_chunk
-from ninfer_jax.model.steps import check_decode_args, prefill_chunk
+from ninfer_jax.model.steps import check_decode_args, prefill_chunk, write_hidden_state
 from ninfer_jax.model.verify_step import keep_verified, verify_step
 from pallas_kernels import page_copy
 
@@ -43,9 +43,11 @@ def prefill_spec(params, kv, state, mtp, tokens, start_pos, lengths, page_table,
     lm = merger(params)
     prev = page_copy.gather(state["hidden"], jnp.where(start_pos > 0, slots, -1), backend=backend)
     logits, last, kv, state, final = prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table,
-                                                   slots, cfg=cfg, backend=backend, merger=merger, with_final=True)
+                                                   slots, cfg=cfg, backend=backend, merger=merger, with_final=True,
+                                                   write_hidden=False)
     hidden = jnp.concatenate([prev[:, None].astype(final.dtype), final[:, :-1]], axis=1)
     _, mtp = _mtp_chunk(lm, mtp, hidden, tokens, start_pos - 1, lengths, mtp_table, cfg, backend)
+    state = write_hidden_state(state, slots, lengths, last, backend=backend, read=prev)  # in place after `prev`
     return logits, last, kv, state, mtp
 
 

@@ -34,6 +34,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from ninfer_jax.compile_cache import compile_counted
 from ninfer_jax.model.config import LINEAR, ModelConfig
 from ninfer_jax.model.model import Model
 from pallas_kernels import conv1d, gdn, page_copy, paged_attention
@@ -76,6 +77,19 @@ def _write_state(state: dict, j: int, slots, conv, rec, backend: str) -> dict:
     new_conv[j] = page_copy.scatter(state["conv"][j], slots, conv, backend=backend)
     new_rec[j] = page_copy.scatter(state["recurrent"][j], slots, rec, backend=backend)
     return dict(state, conv=tuple(new_conv), recurrent=tuple(new_rec))
+
+
+def write_hidden_state(state: dict, slots, lengths, last, *, backend: str, read=None) -> dict:
+    """The continuation hidden `last` `[R, H]` into the slots of the rows with tokens.
+
+    `read`: a value the caller gathered from the old hidden pool and uses elsewhere. The write
+    is made to depend on it (selected only for a row of negative length, which never exists), so
+    XLA orders the read before the in-place write instead of copying the whole pool to keep the
+    old one alive: an optimization barrier does not survive XLA's CPU pipeline."""
+    if read is not None:
+        last = jnp.where((lengths < 0)[:, None], read.astype(last.dtype), last)
+    writes = jnp.where(lengths > 0, slots, -1)
+    return dict(state, hidden=page_copy.scatter(state["hidden"], writes, last, backend=backend))
 
 
 def _set_layer(kv: dict, a: int, k_pages, v_pages) -> dict:
@@ -183,14 +197,15 @@ def main_attention_chunk(layer, h, positions, kv, attn: int, page_table, start_p
 
 def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slots, *,
                   cfg: ModelConfig, backend: str = "xla", all_logits: bool = False,
-                  merger: Merger | None = None, with_final: bool = False):
+                  merger: Merger | None = None, with_final: bool = False, write_hidden: bool = True):
     """tokens `[R, T]`, start_pos/lengths/slots `[R]`, page_table `[R, P]`; `params` the
     model's split leaves with their `merger`, or the params dict (merger None).
 
     Returns (logits, hidden, kv, state): logits `[R, V]` at each row's last valid token (or
     `[R, T, V]` with all_logits), hidden `[R, H]` the continuation hidden of that token; with
     `with_final`, also the final-normed hidden of every position `[R, T, H]` (the MTP layers'
-    input, spec_steps.py).
+    input, spec_steps.py). `write_hidden=False` leaves the slots' continuation hidden to the
+    caller (`write_hidden_state`).
     """
     check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg)
     lm = _module(params, cfg, merger)
@@ -224,7 +239,8 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
         x = layer.feed_forward(x + h)
     final = lm.final_norm(x)  # [R, T, H]
     last = final[jnp.arange(r), jnp.maximum(lengths - 1, 0)]
-    state = dict(state, hidden=page_copy.scatter(state["hidden"], writes, last, backend=backend))
+    if write_hidden:
+        state = write_hidden_state(state, slots, lengths, last, backend=backend)
     logits = lm.logits(final if all_logits else last)
     if with_final:
         return logits, last, kv, state, final
@@ -280,6 +296,7 @@ def _pool_signature(kv, state) -> tuple:
 class Compilation:
     bucket: tuple
     seconds: float
+    from_cache: bool = False  # read back from JAX's persistent compilation cache, not compiled
 
 
 class CompiledSteps:
@@ -319,15 +336,16 @@ class CompiledSteps:
         exe = self._executables.get(bucket)
         if exe is None:
             start = time.perf_counter()
-            exe = fn.lower(*args, **static).compile()
+            exe, from_cache = compile_counted(fn.lower(*args, **static))
             seconds = time.perf_counter() - start
             if self._compiled_pools is None:
                 self._compiled_pools = _pool_signature(args[1], args[2])
-            self.compilations.append(Compilation(bucket, seconds))
+            self.compilations.append(Compilation(bucket, seconds, from_cache))
             self._executables[bucket] = exe
             if self.progress:  # the per-call array shapes; pools and per-position states are not shown
                 shown = tuple(a.shape for a in args[3:] if hasattr(a, "shape")) + tuple(sorted(static.items()))
-                print(f"[ninfer] compiled {kind} bucket {shown} in {seconds:.1f}s", file=sys.stderr)
+                how = "read from the compilation cache" if from_cache else "compiled"
+                print(f"[ninfer] {how}: {kind} bucket {shown} in {seconds:.1f}s", file=sys.stderr)
         return exe
 
     def _run(self, kind: str, fn, args: tuple, static: dict, check):

@@ -5,7 +5,7 @@ Host arena through `ProgramStores`, the jitted step functions compiled once per 
 at warm-up, and applies ledger plans with `commit(plan)`. The engine asks it to run one
 prefill chunk and one compact decode batch per cycle.
 
-Buckets: decode rows are padded to 1/2/4/8 (up to C); a prefill chunk is one row padded to
+Buckets: decode rows are padded to 2/4/8 (up to C; see DECODE_BUCKETS); a prefill chunk is one row padded to
 `chunk_size` tokens. Padding rows carry slot -1, so they read zeros and write nothing.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import ledger
+from ninfer_jax.compile_cache import summary
 from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
 from ninfer_jax.model.model import Model, lm_head, load_model
 from ninfer_jax.model.mtp_steps import init_mtp_pool
@@ -28,7 +29,11 @@ from ninfer_jax.program import calibrate
 from ninfer_jax.program.stores import ProgramStores
 from ninfer_jax.program.unit_pool import UnitPool
 
-DECODE_BUCKETS = (1, 2, 4, 8)
+# Two rows at least, even at C = 1 (a padding row writes nothing): XLA drops a size-1 row
+# axis and compiles a one-row step to other fusions, where a multiply-add may be contracted
+# into an FMA differently, so one row alone would round otherwise than the same row in any
+# larger bucket (batch invariance, doctrine 1; tests/engine/test_engine_batch_invariant.py).
+DECODE_BUCKETS = (2, 4, 8)
 STORE_BUCKET_UNITS = 64  # a page group (HOST-3); the stores' movers are warmed for every bucket up to each pool's size
 
 
@@ -41,7 +46,7 @@ class DecodeRow(NamedTuple):
 
 
 def decode_buckets(max_concurrency: int) -> tuple[int, ...]:
-    """Row buckets covering 1..C: powers of two up to the first one >= C."""
+    """Row buckets covering 1..C: powers of two from 2 up to the first one >= C."""
     out = []
     for b in DECODE_BUCKETS:
         out.append(b)
@@ -114,6 +119,12 @@ class Program:
     def compilations(self) -> int:
         """Executables built: the step buckets, plus every pool's byte movers (unit_pool.py)."""
         return len(self.steps.compilations) + sum(len(p.compilations) for p in self.stores.pools.values())
+
+    @property
+    def compilations_from_cache(self) -> int:
+        """Of `compilations`, those JAX's persistent compilation cache answered (nothing compiled)."""
+        return (sum(c.from_cache for c in self.steps.compilations)
+                + sum(c[3] for p in self.stores.pools.values() for c in p.compilations))
 
     @property
     def state(self) -> ledger.LedgerState:
@@ -265,5 +276,8 @@ class Program:
         for pool in self.stores.pools.values():
             pool.warm_up()
         jax.block_until_ready(self.stores.pools[ledger.STATE_POOL].tree)
+        if self.config.progress:
+            cached = self.compilations_from_cache
+            print(f"[ninfer] executables: {summary(self.compilations - cached, cached)}", file=sys.stderr)
         if self.cost_model is None:  # SRC-3: prices for source order and the pause route only
             self.cost_model = calibrate.calibrate(self)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ledger import KV_PAGES, STATE_SLOTS, PoolSpec
+from ninfer_jax.compile_cache import compile_counted
 
 
 def bucket(k: int) -> int:
@@ -128,7 +129,9 @@ class UnitPool:
         self._hidden_index = next((i for i, p in enumerate(paths) if len(p) == 1 and getattr(p[0], "key", None) == "hidden"),
                                   None)
         self._executables: dict[tuple, Any] = {}
-        self.compilations: list[tuple[str, int, float]] = []  # (mover, bucket, seconds): each compile, counted
+        # (mover, bucket, seconds, from_cache): each executable built, counted; from_cache when
+        # JAX's persistent compilation cache answered it
+        self.compilations: list[tuple[str, int, float, bool]] = []
 
     # -- the arrays ---------------------------------------------------------------------
     @property
@@ -179,9 +182,9 @@ class UnitPool:
             args = (spec[self._hidden_index], idx)
         else:
             raise ValueError(f"unknown mover {mover!r}")
-        exe = _JIT[mover].lower(*args).compile()
+        exe, from_cache = compile_counted(_JIT[mover].lower(*args))
         self._executables[(mover, b)] = exe
-        self.compilations.append((mover, b, time.perf_counter() - t0))
+        self.compilations.append((mover, b, time.perf_counter() - t0, from_cache))
         return exe
 
     def warm_up(self, max_units: int | None = None) -> int:

@@ -148,6 +148,7 @@ class SimProgram:
         self.cost_model = cost.rates(self.chunk_size)  # SRC-3: what the engine's ledger calls use
         self.sim_seconds = 0.0
         self.compilations = 0
+        self.compilations_from_cache = 0
         self.execution_tag = f"sim|{config.model}|{self.dtype}"
 
     @staticmethod

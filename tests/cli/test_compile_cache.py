@@ -2,6 +2,7 @@
 `ninfer generate` in the same cache folder compiles nothing."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -85,7 +86,9 @@ def _generate(cache: str) -> dict:
     assert out.returncode == 0, out.stderr
     line = [l for l in out.stderr.splitlines() if l.startswith("COMPILES ")]
     assert len(line) == 1, out.stderr
-    return dict(json.loads(line[0][len("COMPILES "):]), text=out.stdout)
+    said = [l for l in out.stderr.splitlines() if l.startswith("[ninfer] executables: ")]
+    assert len(said) == 1, out.stderr
+    return dict(json.loads(line[0][len("COMPILES "):]), text=out.stdout, said=said[0], stderr=out.stderr)
 
 
 def test_second_generate_in_the_same_cache_compiles_nothing(tmp_path):
@@ -97,3 +100,11 @@ def test_second_generate_in_the_same_cache_compiles_nothing(tmp_path):
     assert second["compiled"] == 0, f"the second run compiled {second['compiled']} executables"
     assert second["cache_hits"] == second["requests"] > 0
     assert second["text"] == first["text"], "an executable from the cache generated other tokens"
+    # The progress output tells cache hits from compilations (JAX's own cache events).
+    # (The counter also sees the small eager programs JAX compiles; the line counts the steps
+    # and the pools' byte movers.)
+    first_n = re.fullmatch(r"\[ninfer\] executables: (\d+) compiled, 0 from cache", first["said"])
+    second_n = re.fullmatch(r"\[ninfer\] executables: 0 compiled, (\d+) from cache", second["said"])
+    assert first_n and second_n, (first["said"], second["said"])
+    assert 0 < int(first_n.group(1)) == int(second_n.group(1)) <= second["cache_hits"]
+    assert "] compiled: " not in second["stderr"] and "read from the compilation cache: decode" in second["stderr"]

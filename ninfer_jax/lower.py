@@ -1,0 +1,552 @@
+"""`ninfer lower`: every compiled step and every Pallas kernel lowered for a GPU, from shapes alone.
+
+Nothing here needs the GPU or the weights. The model is an abstract `HybridLM` (`nnx.eval_shape`
+over `weights.param_shapes`: every leaf a `jax.ShapeDtypeStruct`), the pools are `init_pools` /
+`init_mtp_pool` under `jax.eval_shape`, sized by the capacity plan of the engine flags
+(`plan_capacity`: config.json only, as `ninfer plan`). Each step is jitted as the engine jits it
+(`steps.CompiledSteps`, `unit_pool._JIT`, `Program._hidden_logits`) and lowered with
+
+    jax.jit(f).trace(*abstract_args).lower(lowering_platforms=(platform,))
+
+which runs the Pallas -> Triton lowering of every kernel inside (power-of-two blocks, dot
+shapes, supported primitives) but not Triton's own compilation, which needs the device.
+
+What is lowered (`plan_lowering`), at the Program's shapes (program.py):
+  step    prefill[t=chunk] and decode[b] for every decode bucket; with an MTP head (and
+          speculative_tokens > 0, default 2) prefill_spec, spec_decode[b,k] and spec_commit[b,k];
+  head    hidden_logits, the head an exact hit samples from;
+  mover   each pool's byte movers (pack, unpack, copy, hidden) at their smallest and largest
+          index bucket (unit_pool.py);
+  kernel  each Pallas kernel alone at the model's shapes (paged attention write/prefill/decode,
+          the gated delta rule chunk and step, conv1d prefill and update, page gather/scatter/copy).
+
+`lower_steps(plan)` yields one `StepResult` per step (lowered or not, the custom-call targets
+the StableHLO holds — `__gpu$xla.gpu.triton` for a Triton kernel — and the Pallas kernel names);
+a step that fails is reported with its error's first line and the others still run.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+import re
+import time
+from typing import Any, Callable, Iterator
+
+from ninfer_jax.config import BACKENDS as KERNEL_BACKENDS  # EngineConfig.backend's (the kernel files' backends)
+from ninfer_jax.errors import ConfigError
+
+PLATFORMS = ("cuda", "rocm", "cpu")  # what lowering_platforms accepts for these steps
+GPU_PLATFORMS = ("cuda", "rocm")
+DEFAULT_DRAFTS = 2  # speculative steps lowered for a model with an MTP head when no k is given
+KINDS = ("step", "head", "mover", "kernel")
+TRITON = "__gpu$xla.gpu.triton"  # the custom-call target of a Pallas Triton kernel
+
+
+class LoweringError(Exception):
+    """One or more steps did not lower (`ninfer lower` exits 1 with it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The sizes steps are lowered at: the Program's for this config (program.py)."""
+
+    model: str
+    cfg: Any  # ModelConfig
+    dtype: str  # "float32" | "bfloat16"
+    chunk_size: int  # the prefill bucket: one row of chunk_size tokens
+    decode_buckets: tuple[int, ...]
+    pages_per_request: int  # the page tables' width
+    kv_pages: int  # Main KV pages
+    state_slots: int  # StateImage slots
+    mtp_pages: int  # the MTP pool's pages (0 without speculative steps)
+    speculative_tokens: int  # k of the speculative steps (0: none lowered)
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "model_type": self.cfg.model_type, "dtype": self.dtype,
+                "chunk_size": self.chunk_size, "decode_buckets": list(self.decode_buckets),
+                "pages_per_request": self.pages_per_request, "kv_pages": self.kv_pages,
+                "state_slots": self.state_slots, "mtp_pages": self.mtp_pages,
+                "speculative_tokens": self.speculative_tokens}
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One thing to lower: `BUILDERS[builder](abstract, **params)` gives (jitted fn, abstract args)."""
+
+    name: str  # e.g. "decode[b=4]"
+    kind: str  # one of KINDS
+    builder: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class LowerPlan:
+    shapes: Shapes
+    platform: str
+    backend: str  # the kernels' backend: "pallas" lowers the Triton kernels
+    steps: tuple[Step, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    name: str
+    kind: str
+    ok: bool
+    seconds: float
+    custom_calls: dict[str, int]  # custom-call target -> count in the StableHLO
+    kernels: dict[str, int]  # Pallas kernel (pallas_call name) -> count
+    error: str | None = None  # "ErrorClass: first line" when it did not lower
+
+    def line(self) -> str:
+        if not self.ok:
+            return f"FAILED  {self.name}  {self.error}"
+        calls = ", ".join(f"{t} x{n}" for t, n in self.custom_calls.items()) or "none"
+        line = f"lowered {self.name}  custom calls: {calls}"
+        if self.kernels:
+            line += "  kernels: " + ", ".join(f"{k} x{n}" for k, n in self.kernels.items())
+        return line
+
+    def as_dict(self) -> dict:
+        return dict(dataclasses.asdict(self), seconds=round(self.seconds, 3))
+
+
+# ---- the plan: flags -> shapes -> steps (cheap: config.json only) ---------------------------
+
+def check_platform(platform: str, backend: str | None) -> str:
+    """The kernels' backend for `platform` (default: pallas on a GPU, xla on cpu), or a ConfigError."""
+    if platform not in PLATFORMS:
+        raise ConfigError("platform", f"must be one of {PLATFORMS} (tpu: these kernels are written for Triton, "
+                                      f"not Mosaic TPU), got {platform!r}")
+    if backend is None:
+        return "pallas" if platform in GPU_PLATFORMS else "xla"
+    if backend not in KERNEL_BACKENDS:
+        raise ConfigError("backend", f"must be one of {KERNEL_BACKENDS}, got {backend!r}")
+    if backend == "pallas" and platform not in GPU_PLATFORMS:
+        raise ConfigError("backend", f"pallas lowers through Triton, for {' or '.join(GPU_PLATFORMS)}; "
+                                     f"for {platform} use xla or interpret")
+    return backend
+
+
+def shapes_for(config, backend: str, speculative_tokens: int | None = None) -> Shapes:
+    """The Program's sizes for `config` (an EngineConfig) running `backend`, read from config.json
+    alone. `speculative_tokens` None: DEFAULT_DRAFTS when the model has an MTP head, else 0.
+    ConfigError for an unknown model, a bad config.json, k > 0 without an MTP head or a capacity
+    that cannot fit."""
+    from ninfer_jax.engine.preflight import itemsize, model_config
+    from ninfer_jax.plan import plan_capacity
+    from ninfer_jax.program.program import decode_buckets
+
+    cfg = model_config(config.model)
+    if speculative_tokens is None:
+        speculative_tokens = DEFAULT_DRAFTS if cfg.mtp_num_hidden_layers else 0
+    # The engine that runs these steps: its kernels' backend (workspace) and its MTP pool.
+    config = dataclasses.replace(config, speculative_tokens=speculative_tokens, backend=backend)
+    capacity = plan_capacity(config, cfg, itemsize(config)).capacity
+    return Shapes(model=config.model, cfg=cfg, dtype=config.resolved_dtype, chunk_size=config.chunk_size,
+                  decode_buckets=decode_buckets(config.max_concurrency),
+                  pages_per_request=capacity.pages_per_request, kv_pages=capacity.kv_pages,
+                  state_slots=capacity.state_slots, mtp_pages=capacity.mtp_pages,
+                  speculative_tokens=speculative_tokens)
+
+
+def _pow2_ends(n: int) -> list[int]:
+    """The smallest and largest power-of-two bucket up to `n` (one if they coincide)."""
+    top = 1 << max(0, n.bit_length() - 1)
+    return sorted({1, top})
+
+
+def _mover_buckets(units: int) -> dict[str, list[int]]:
+    """UnitPool.buckets' ends: pack/unpack up to the largest power of two within the pool, copy up
+    to the power of two at or above it."""
+    ceil = 1 << max(0, (units - 1).bit_length())
+    return {"pack": _pow2_ends(units), "unpack": _pow2_ends(units), "copy": _pow2_ends(ceil)}
+
+
+def all_steps(shapes: Shapes) -> list[Step]:
+    """Every step `ninfer lower` lowers for these shapes, in order."""
+    from ledger import MAIN_KV, STATE_POOL
+    from ninfer_jax.model.spec_steps import MTP_POOL
+
+    t, k = shapes.chunk_size, shapes.speculative_tokens
+    out = [Step(f"prefill[t={t}]", "step", "prefill")]
+    out += [Step(f"decode[b={b}]", "step", "decode", (("b", b),)) for b in shapes.decode_buckets]
+    if k:
+        out.append(Step(f"prefill_spec[t={t}]", "step", "prefill_spec"))
+        for b in shapes.decode_buckets:
+            out.append(Step(f"spec_decode[b={b},k={k}]", "step", "spec_decode", (("b", b),)))
+            out.append(Step(f"spec_commit[b={b},k={k}]", "step", "spec_commit", (("b", b),)))
+    out.append(Step("hidden_logits", "head", "hidden_logits"))
+    pools = [(MAIN_KV, shapes.kv_pages), (STATE_POOL, shapes.state_slots)]
+    if k:
+        pools.append((MTP_POOL, shapes.mtp_pages))
+    for pool, units in pools:
+        for mover, sizes in _mover_buckets(units).items():
+            out += [Step(f"{mover}[{pool},n={n}]", "mover", "mover", (("pool", pool), ("mover", mover), ("n", n)))
+                    for n in sizes]
+        if pool == STATE_POOL:
+            out.append(Step(f"hidden[{pool},n=1]", "mover", "mover", (("pool", pool), ("mover", "hidden"), ("n", 1))))
+    b = shapes.decode_buckets[-1]
+    for name, dim in KERNELS.items():
+        size = {"t": t, "b": b}[dim]
+        out.append(Step(f"{name}[{dim}={size}]", "kernel", "kernel", (("name", name),)))
+    return out
+
+
+def select(steps: list[Step], only: str | None) -> list[Step]:
+    """The steps whose name starts with one of the comma-separated prefixes in `only` (or whose
+    kind is one of them: step, head, mover, kernel); all when `only` is empty. ConfigError for a
+    prefix that selects nothing."""
+    if not only:
+        return steps
+    prefixes = [p.strip() for p in only.split(",") if p.strip()]
+    chosen = []
+    for p in prefixes:
+        hits = [s for s in steps if s.kind == p or s.name.startswith(p)]
+        if not hits:
+            names = sorted({s.name.split("[")[0] for s in steps})
+            raise ConfigError("steps", f"{p!r} selects no step; names start with one of {names}, or give a kind "
+                                       f"{KINDS}")
+        chosen += hits
+    return [s for s in steps if s in chosen]
+
+
+def plan_lowering(config, *, platform: str = "cuda", backend: str | None = None,
+                  speculative_tokens: int | None = None, only: str | None = None) -> LowerPlan:
+    """Everything `lower_steps` needs, checked: ConfigError for a bad platform, backend, model,
+    size or step selection (`ninfer lower` exits 2 with it). Reads config.json only."""
+    backend = check_platform(platform, backend)
+    shapes = shapes_for(config, backend, speculative_tokens)
+    return LowerPlan(shapes=shapes, platform=platform, backend=backend, steps=tuple(select(all_steps(shapes), only)))
+
+
+# ---- the abstract model and pools ------------------------------------------------------------
+
+class Abstract:
+    """The model, its parameters and the pools as ShapeDtypeStructs (built once, on first use)."""
+
+    def __init__(self, plan: LowerPlan):
+        self.plan = plan
+        self.shapes = plan.shapes
+        self.cfg = plan.shapes.cfg
+        self.backend = plan.backend
+
+    @functools.cached_property
+    def dtype(self):
+        from ninfer_jax.model.model import DTYPES
+
+        return DTYPES[self.shapes.dtype]
+
+    def _zeros(self, shapes):
+        import jax
+        import jax.numpy as jnp
+
+        return jax.tree.map(lambda s: jnp.zeros(s, self.dtype), shapes, is_leaf=_is_shape)
+
+    def _split(self, with_mtp: bool):
+        from flax import nnx
+
+        from ninfer_jax.model.modules import HybridLM, split
+        from ninfer_jax.model.weights import mtp_shapes, param_shapes
+
+        def build():  # traced by nnx.eval_shape: the zeros are never allocated
+            mtp = self._zeros(mtp_shapes(self.cfg)) if with_mtp else None
+            return HybridLM(self.cfg, self._zeros(param_shapes(self.cfg)), mtp)
+
+        return split(nnx.eval_shape(build))
+
+    @functools.cached_property
+    def model(self):
+        """(merger, leaves) of HybridLM(cfg, params), as `Model.functional`."""
+        return self._split(with_mtp=False)
+
+    @functools.cached_property
+    def spec_model(self):
+        """(merger, leaves) of HybridLM(cfg, params, mtp), as `MTPSteps`."""
+        return self._split(with_mtp=True)
+
+    @functools.cached_property
+    def params(self) -> dict:
+        """The loader's params dict (what `lm_head` takes)."""
+        import jax
+
+        from ninfer_jax.model.weights import param_shapes
+
+        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, self.dtype), param_shapes(self.cfg), is_leaf=_is_shape)
+
+    @functools.cached_property
+    def pools(self):
+        """(kv, state) of `init_pools` at the planned capacity."""
+        import jax
+
+        from ninfer_jax.model.steps import init_pools
+
+        s = self.shapes
+        return jax.eval_shape(lambda: init_pools(self.cfg, s.kv_pages, s.state_slots, self.dtype))
+
+    @functools.cached_property
+    def mtp_pool(self):
+        import jax
+
+        from ninfer_jax.model.mtp_steps import init_mtp_pool
+
+        return jax.eval_shape(lambda: init_mtp_pool(self.cfg, self.shapes.mtp_pages, self.dtype))
+
+    def pool(self, pool_id: str):
+        """A pool's pytree by its ledger id (Main KV, StateImage slots, the MTP pool)."""
+        from ledger import MAIN_KV, STATE_POOL
+
+        if pool_id == MAIN_KV:
+            return self.pools[0]
+        return self.pools[1] if pool_id == STATE_POOL else self.mtp_pool
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+
+
+def _i32(*shape):
+    import jax
+    import jax.numpy as jnp
+
+    return jax.ShapeDtypeStruct(shape, jnp.int32)
+
+
+def _sds(shape, dtype):
+    import jax
+
+    return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+# ---- builders: (Abstract, **params) -> (jitted function, abstract arguments) ------------------
+# Each jits its function as the engine does (CompiledSteps, MTP steps, Program, UnitPool).
+
+def _build_prefill(a: Abstract):
+    import jax
+
+    from ninfer_jax.model.steps import prefill_chunk
+
+    s, (merger, leaves), (kv, state) = a.shapes, a.model, a.pools
+    fn = jax.jit(functools.partial(prefill_chunk, cfg=a.cfg, backend=a.backend, merger=merger),
+                 static_argnames=("all_logits",), donate_argnums=(1, 2))
+    return fn, (leaves, kv, state, _i32(1, s.chunk_size), _i32(1), _i32(1), _i32(1, s.pages_per_request), _i32(1))
+
+
+def _build_decode(a: Abstract, b: int):
+    import jax
+
+    from ninfer_jax.model.steps import decode_step
+
+    s, (merger, leaves), (kv, state) = a.shapes, a.model, a.pools
+    fn = jax.jit(functools.partial(decode_step, cfg=a.cfg, backend=a.backend, merger=merger), donate_argnums=(1, 2))
+    return fn, (leaves, kv, state, _i32(b), _i32(b), _i32(b, s.pages_per_request), _i32(b))
+
+
+def _build_prefill_spec(a: Abstract):
+    import jax
+
+    from ninfer_jax.model.spec_steps import prefill_spec
+
+    s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
+    fn = jax.jit(functools.partial(prefill_spec, cfg=a.cfg, backend=a.backend, merger=merger), donate_argnums=(1, 2, 3))
+    p = s.pages_per_request
+    return fn, (leaves, kv, state, a.mtp_pool, _i32(1, s.chunk_size), _i32(1), _i32(1), _i32(1, p), _i32(1, p),
+                _i32(1))
+
+
+def _build_spec_decode(a: Abstract, b: int):
+    import jax
+
+    from ninfer_jax.model.spec_steps import spec_decode
+
+    s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
+    fn = jax.jit(functools.partial(spec_decode, k=s.speculative_tokens, cfg=a.cfg, backend=a.backend, merger=merger),
+                 donate_argnums=(1, 3))
+    p = s.pages_per_request
+    return fn, (leaves, kv, state, a.mtp_pool, _i32(b), _i32(b), _i32(b, p), _i32(b, p), _i32(b), _i32(b))
+
+
+def _build_spec_commit(a: Abstract, b: int):
+    import jax
+
+    from ninfer_jax.model.spec_steps import spec_commit
+
+    decode, decode_args = _build_spec_decode(a, b)
+    _, drafts, final, verified, _, _ = jax.eval_shape(decode, *decode_args)  # what Program keeps between them
+    merger, leaves = a.spec_model
+    fn = jax.jit(functools.partial(spec_commit, cfg=a.cfg, backend=a.backend, merger=merger), donate_argnums=(1, 2))
+    p = a.shapes.pages_per_request
+    return fn, (leaves, a.pools[1], a.mtp_pool, verified, final, drafts, _i32(b), _i32(b), _i32(b, p), _i32(b))
+
+
+def _build_hidden_logits(a: Abstract):
+    import jax
+
+    from ninfer_jax.model.model import lm_head
+
+    return jax.jit(lm_head), (a.params, _sds((a.cfg.hidden_size,), a.dtype))
+
+
+def _build_mover(a: Abstract, pool: str, mover: str, n: int):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ninfer_jax.program.unit_pool import _JIT
+
+    tree = a.pool(pool)
+    leaves = [_sds(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(tree)]  # UnitPool's flatten order
+    idx = _i32(n)
+    if mover == "pack":
+        args = (leaves, idx)
+    elif mover == "unpack":
+        unit_bytes = sum(math.prod(x.shape[1:]) * np.dtype(x.dtype).itemsize for x in leaves)
+        args = (leaves, idx, _sds((n, unit_bytes), jnp.uint8))
+    elif mover == "copy":
+        args = (leaves, idx, idx)
+    elif mover == "hidden":
+        args = (tree["hidden"], idx)
+    else:
+        raise ValueError(f"unknown mover {mover!r}")
+    return _JIT[mover], args
+
+
+# The Pallas kernels alone: wrapper -> the dimension its name shows (t: the prefill chunk,
+# b: the largest decode bucket), each at the model's shapes and the planned pools.
+KERNELS = {
+    "paged_attention.write_kv": "t",
+    "paged_attention.prefill_attention": "t",
+    "paged_attention.decode_attention": "b",
+    "gdn.chunk_gated_delta_rule": "t",
+    "gdn.recurrent_gated_delta_rule_step": "b",
+    "conv1d.causal_conv1d_prefill": "t",
+    "conv1d.causal_conv1d_update": "b",
+    "page_copy.gather": "b",
+    "page_copy.scatter": "b",
+    "page_copy.copy": "b",
+}
+
+
+def _kernel_case(a: Abstract, name: str) -> tuple[Callable, tuple, dict]:
+    import jax.numpy as jnp
+
+    from ninfer_jax.model.steps import GDN_CHUNK, PAGE_SIZE
+    from pallas_kernels import conv1d, gdn, page_copy, paged_attention
+
+    cfg, s, dt, f32 = a.cfg, a.shapes, a.dtype, jnp.float32
+    t, b, p = s.chunk_size, s.decode_buckets[-1], s.pages_per_request
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    c, kk = cfg.conv_dim, cfg.linear_conv_kernel_dim
+    pages = _sds((s.kv_pages, PAGE_SIZE, hkv, d), dt)  # a Main KV layer
+    slots = _sds((s.state_slots, hv, dk, dv), f32)  # a StateImage recurrent pool
+    scale = d ** -0.5
+    cases = {
+        "paged_attention.write_kv": (paged_attention.write_kv, (pages, pages, _sds((1, t, hkv, d), dt),
+                                     _sds((1, t, hkv, d), dt), _i32(1, p), _i32(1), _i32(1)), {}),
+        "paged_attention.prefill_attention": (paged_attention.prefill_attention, (_sds((1, t, hq, d), dt), pages,
+                                              pages, _i32(1, p), _i32(1), _i32(1)), {"scale": scale}),
+        "paged_attention.decode_attention": (paged_attention.decode_attention, (_sds((b, hq, d), dt), pages, pages,
+                                             _i32(b, p), _i32(b)), {"scale": scale}),
+        "gdn.chunk_gated_delta_rule": (gdn.chunk_gated_delta_rule, (
+            _sds((1, t, hv, dk), f32), _sds((1, t, hv, dk), f32), _sds((1, t, hv, dv), f32), _sds((1, t, hv), f32),
+            _sds((1, t, hv), f32), _sds((1, hv, dk, dv), f32)), {"chunk_size": GDN_CHUNK}),
+        "gdn.recurrent_gated_delta_rule_step": (gdn.recurrent_gated_delta_rule_step, (
+            _sds((b, hv, dk), f32), _sds((b, hv, dk), f32), _sds((b, hv, dv), f32), _sds((b, hv), f32),
+            _sds((b, hv), f32), _sds((b, hv, dk, dv), f32)), {}),
+        "conv1d.causal_conv1d_prefill": (conv1d.causal_conv1d_prefill, (
+            _sds((1, t, c), dt), _sds((1, kk - 1, c), dt), _sds((c, kk), dt), _i32(1)), {}),
+        "conv1d.causal_conv1d_update": (conv1d.causal_conv1d_update, (
+            _sds((b, c), dt), _sds((b, kk - 1, c), dt), _sds((c, kk), dt)), {}),
+        "page_copy.gather": (page_copy.gather, (slots, _i32(b)), {}),
+        "page_copy.scatter": (page_copy.scatter, (slots, _i32(b), _sds((b, hv, dk, dv), f32)), {}),
+        "page_copy.copy": (page_copy.copy, (slots, _i32(b), _i32(b)), {}),
+    }
+    return cases[name]
+
+
+def _build_kernel(a: Abstract, name: str):
+    import jax
+
+    fn, args, kwargs = _kernel_case(a, name)
+    return jax.jit(functools.partial(fn, backend=a.backend, **kwargs)), args
+
+
+BUILDERS: dict[str, Callable] = {
+    "prefill": _build_prefill,
+    "decode": _build_decode,
+    "prefill_spec": _build_prefill_spec,
+    "spec_decode": _build_spec_decode,
+    "spec_commit": _build_spec_commit,
+    "hidden_logits": _build_hidden_logits,
+    "mover": _build_mover,
+    "kernel": _build_kernel,
+}
+
+
+# ---- lowering ---------------------------------------------------------------------------------
+
+_TARGET = re.compile(r"custom_call @([^\s(]+)|call_target_name = \"([^\"]+)\"")
+_KERNEL_NAME = re.compile(r"\bname = \"([^\"]+)\"")
+
+
+def custom_calls(text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """(custom-call target -> count, Pallas kernel name -> count) of a StableHLO text. A Triton
+    call carries its kernel's name in its backend config (the pallas_call's `name=`)."""
+    targets: collections.Counter = collections.Counter()
+    kernels: collections.Counter = collections.Counter()
+    for line in text.splitlines():
+        m = _TARGET.search(line)
+        if not m:
+            continue
+        targets[m.group(1) or m.group(2)] += 1
+        n = _KERNEL_NAME.search(line[m.end():])
+        if n:
+            kernels[n.group(1)] += 1
+    return dict(targets.most_common()), dict(kernels.most_common())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def lower_step(abstract: Abstract, step: Step) -> StepResult:
+    """Lower one step for the plan's platform; a failure is a result, not an exception."""
+    start = time.perf_counter()
+    try:
+        fn, args = BUILDERS[step.builder](abstract, **dict(step.params))
+        text = fn.trace(*args).lower(lowering_platforms=(abstract.plan.platform,)).as_text()
+    except Exception as e:  # noqa: BLE001 — every failure is reported against its step
+        return StepResult(step.name, step.kind, False, time.perf_counter() - start, {}, {}, _first_line(e))
+    targets, kernels = custom_calls(text)
+    return StepResult(step.name, step.kind, True, time.perf_counter() - start, targets, kernels)
+
+
+def lower_steps(plan: LowerPlan) -> Iterator[StepResult]:
+    """Lower every step of `plan`, in order, one result each as it is done."""
+    abstract = Abstract(plan)
+    for step in plan.steps:
+        yield lower_step(abstract, step)
+
+
+def lower_all(config, **kwargs) -> list[StepResult]:
+    """`plan_lowering(config, **kwargs)`, every step lowered: the results in order."""
+    return list(lower_steps(plan_lowering(config, **kwargs)))
+
+
+def failure(results: list[StepResult]) -> LoweringError | None:
+    """The error naming the first failing step (and how many more failed), or None."""
+    failed = [r for r in results if not r.ok]
+    if not failed:
+        return None
+    more = f" (and {len(failed) - 1} more: {', '.join(r.name for r in failed[1:])})" if len(failed) > 1 else ""
+    return LoweringError(f"{failed[0].name} did not lower: {failed[0].error}{more}")
+
+
+def report(plan: LowerPlan, results: list[StepResult], seconds: float) -> dict:
+    """The one JSON object of `ninfer lower --json`."""
+    return {"platform": plan.platform, "backend": plan.backend, "shapes": plan.shapes.as_dict(),
+            "steps": [r.as_dict() for r in results], "lowered": sum(r.ok for r in results),
+            "failed": [r.name for r in results if not r.ok], "seconds": round(seconds, 3)}

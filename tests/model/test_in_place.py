@@ -1,0 +1,88 @@
+"""Every compiled step updates the pools in place: no copy of a whole pool leaf in its optimized
+HLO, at every bucket (the smallest included) and for the speculative steps and the pools' byte movers.
+
+Donation alone does not show this (the outputs alias the donated inputs even when XLA copies
+the pool inside the step first), so the compiled text itself is read (hlo_audit.pool_copies).
+The pools have odd unit counts (2C+1 pages, C+3 slots) so that no other array of a step — a
+mover's power-of-two bucket of units included — has a pool leaf's size.
+"""
+import jax
+import pytest
+
+from ninfer_jax.config import ContextCacheConfig, EngineConfig
+from ninfer_jax.model.hlo_audit import pool_copies
+from ninfer_jax.program.calibrate import CostRates
+from ninfer_jax.program.program import Program
+from oracle_paths import oracle_dir
+
+_RATES = CostRates(1e-4, 1e9, 1e9, 1e10)  # no calibration run: only the compiled text matters here
+
+
+def _pool_leaves(program):
+    return [(leaf.shape, leaf.dtype) for pool in program.stores.pools.values() for leaf in jax.tree.leaves(pool.tree)]
+
+
+def _audit(program) -> dict:
+    """{executable name: [pool copies]} for every step bucket and every byte mover."""
+    leaves = _pool_leaves(program)
+    found = {}
+    for bucket, exe in program.steps._executables.items():
+        found[f"{bucket[0]}{bucket[1:]}"] = pool_copies(exe.as_text(), leaves)
+    for pool_id, pool in program.stores.pools.items():
+        for (mover, b), exe in pool._executables.items():
+            found[f"{pool_id}.{mover}[{b}]"] = pool_copies(exe.as_text(), leaves)
+    return found
+
+
+def _warm(model, model_name, c, spec=0):
+    config = EngineConfig(model=model_name, max_concurrency=c, max_context=192, kv_capacity=(2 * c + 1) * 64,
+                          chunk_size=32, speculative_tokens=spec, progress=False,
+                          context_cache=ContextCacheConfig(device_state_slots=3, host_capacity_bytes=0))
+    program = Program(config, model=model)
+    program.cost_model = _RATES
+    program.warmup()
+    return program
+
+
+@pytest.mark.parametrize("spec", [0, 2])
+def test_every_builtin_step_updates_its_pools_in_place(builtin_model, spec):
+    program = _warm(builtin_model, "builtin:tiny-hybrid", 4, spec)
+    found = _audit(program)
+    kinds = {name.split("(")[0] for name in found}
+    expected = {"spec_decode", "spec_commit", "prefill_spec"} if spec else {"decode", "prefill"}
+    assert expected <= kinds, kinds
+    decode = "spec_decode" if spec else "decode"
+    assert sum(name.startswith(decode + "(") for name in found) == len(program.decode_buckets) == 2, found  # buckets 2 and 4
+    copies = {name: c for name, c in found.items() if c}
+    assert not copies, f"steps copying a whole pool leaf: {copies}"
+
+
+def test_moe_steps_update_their_pools_in_place(oracle_models):
+    model, _ = oracle_models["qwen3_next"]
+    program = _warm(model, oracle_dir("qwen3_next"), 2)
+    copies = {name: c for name, c in _audit(program).items() if c}
+    assert not copies, f"steps copying a whole pool leaf: {copies}"
+
+
+def test_the_audit_sees_a_pool_copy_and_one_row_steps_avoid_it():
+    """The detector itself, on the pattern behind the decode-at-one-row copies: a one-row read
+    of a pool feeding more than the row's own write. Written with plain indexing, XLA turns the
+    read into a dynamic-slice fused into every consumer, and copies the pool; through
+    page_copy's gather and scatter (two_or_more) it stays one gather, read before the write."""
+    import jax.numpy as jnp
+
+    from pallas_kernels import page_copy
+
+    def plain(pool, i):
+        old = pool[i]
+        return pool.at[i].set(old * 2.0), jnp.tanh(old).sum()
+
+    def kernels(pool, i):
+        old = page_copy.gather(pool, i[None])
+        return page_copy.scatter(pool, i[None], old * 2.0), jnp.tanh(old).sum()
+
+    pool = jnp.zeros((37, 5, 3), jnp.float32)
+    leaves = [((37, 5, 3), jnp.float32)]
+    for fn, copies in ((plain, True), (kernels, False)):
+        text = jax.jit(fn, donate_argnums=0).lower(pool, jnp.int32(0)).compile().as_text()
+        assert bool(pool_copies(text, leaves)) == copies, (fn.__name__, text)
