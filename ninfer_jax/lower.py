@@ -320,49 +320,40 @@ def _sds(shape, dtype):
 
 
 # ---- builders: (Abstract, **params) -> (jitted function, abstract arguments) ------------------
-# Each jits its function as the engine does (CompiledSteps, MTP steps, Program, UnitPool).
+# The model steps are jitted by steps.jit_step, as CompiledSteps jits them; the head and movers as
+# Program and UnitPool do.
 
 def _build_prefill(a: Abstract):
-    import jax
-
-    from ninfer_jax.model.steps import prefill_chunk
+    from ninfer_jax.model.steps import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.model, a.pools
-    fn = jax.jit(functools.partial(prefill_chunk, cfg=a.cfg, backend=a.backend, merger=merger),
-                 static_argnames=("all_logits",), donate_argnums=(1, 2))
+    fn = jit_step("prefill", a.cfg, a.backend, merger)
     return fn, (leaves, kv, state, _i32(1, s.chunk_size), _i32(1), _i32(1), _i32(1, s.pages_per_request), _i32(1))
 
 
 def _build_decode(a: Abstract, b: int):
-    import jax
-
-    from ninfer_jax.model.steps import decode_step
+    from ninfer_jax.model.steps import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.model, a.pools
-    fn = jax.jit(functools.partial(decode_step, cfg=a.cfg, backend=a.backend, merger=merger), donate_argnums=(1, 2))
+    fn = jit_step("decode", a.cfg, a.backend, merger)
     return fn, (leaves, kv, state, _i32(b), _i32(b), _i32(b, s.pages_per_request), _i32(b))
 
 
 def _build_prefill_spec(a: Abstract):
-    import jax
-
-    from ninfer_jax.model.spec_steps import prefill_spec
+    from ninfer_jax.model.steps import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
-    fn = jax.jit(functools.partial(prefill_spec, cfg=a.cfg, backend=a.backend, merger=merger), donate_argnums=(1, 2, 3))
+    fn = jit_step("prefill_spec", a.cfg, a.backend, merger)
     p = s.pages_per_request
     return fn, (leaves, kv, state, a.mtp_pool, _i32(1, s.chunk_size), _i32(1), _i32(1), _i32(1, p), _i32(1, p),
                 _i32(1))
 
 
 def _build_spec_decode(a: Abstract, b: int):
-    import jax
-
-    from ninfer_jax.model.spec_steps import spec_decode
+    from ninfer_jax.model.steps import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
-    fn = jax.jit(functools.partial(spec_decode, k=s.speculative_tokens, cfg=a.cfg, backend=a.backend, merger=merger),
-                 donate_argnums=(1, 3))
+    fn = jit_step("spec_decode", a.cfg, a.backend, merger, s.speculative_tokens)
     p = s.pages_per_request
     return fn, (leaves, kv, state, a.mtp_pool, _i32(b), _i32(b), _i32(b, p), _i32(b, p), _i32(b), _i32(b))
 
@@ -370,12 +361,12 @@ def _build_spec_decode(a: Abstract, b: int):
 def _build_spec_commit(a: Abstract, b: int):
     import jax
 
-    from ninfer_jax.model.spec_steps import spec_commit
+    from ninfer_jax.model.steps import jit_step
 
     decode, decode_args = _build_spec_decode(a, b)
     _, drafts, final, verified, _, _ = jax.eval_shape(decode, *decode_args)  # what Program keeps between them
     merger, leaves = a.spec_model
-    fn = jax.jit(functools.partial(spec_commit, cfg=a.cfg, backend=a.backend, merger=merger), donate_argnums=(1, 2))
+    fn = jit_step("spec_commit", a.cfg, a.backend, merger)
     p = a.shapes.pages_per_request
     return fn, (leaves, a.pools[1], a.mtp_pool, verified, final, drafts, _i32(b), _i32(b), _i32(b, p), _i32(b))
 

@@ -14,6 +14,7 @@ BENCHES = {
     "engine": "ninfer_jax.bench.engine_bench",
     "preempt": "ninfer_jax.bench.preempt_bench",
     "spec": "ninfer_jax.bench.spec_bench",
+    "vs_hf": "ninfer_jax.bench.vs_hf_bench",
 }
 
 

@@ -130,15 +130,11 @@ def _capacity(decode_steps: int, rounds: int = 5) -> dict:
     return out
 
 
-def _hf_model(model):
-    """transformers' Qwen3.5 model holding the built-in weights (the same numbers)."""
-    import torch
-    import transformers as tf
-
-    cfg = tf.Qwen3_5TextConfig(**{k: v for k, v in builtin.HF_CONFIG.items() if k != "model_type"})
-    hf = tf.Qwen3_5ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
-    p = jax.tree.map(lambda x: torch.from_numpy(np.array(x, dtype=np.float32)), model.params)
+def hf_state_dict(p: dict) -> dict:
+    """transformers' Qwen3.5 (dense) state dict of a params pytree whose leaves are torch tensors."""
     sd = {"model.embed_tokens.weight": p["embed"], "model.norm.weight": p["norm"]}
+    if "lm_head" in p:
+        sd["lm_head.weight"] = p["lm_head"].T
     for i, layer in enumerate(p["layers"]):
         pre = f"model.layers.{i}."
         sd[pre + "input_layernorm.weight"] = layer["input_norm"]
@@ -158,7 +154,18 @@ def _hf_model(model):
             for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 sd[sa + f"{n}.weight"] = layer[n].T
             sd[sa + "q_norm.weight"], sd[sa + "k_norm.weight"] = layer["q_norm"], layer["k_norm"]
-    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    return sd
+
+
+def _hf_model(model):
+    """transformers' Qwen3.5 model holding the built-in weights (the same numbers)."""
+    import torch
+    import transformers as tf
+
+    cfg = tf.Qwen3_5TextConfig(**{k: v for k, v in builtin.HF_CONFIG.items() if k != "model_type"})
+    hf = tf.Qwen3_5ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float32).eval()
+    p = jax.tree.map(lambda x: torch.from_numpy(np.array(x, dtype=np.float32)), model.params)
+    missing, unexpected = hf.load_state_dict(hf_state_dict(p), strict=False)
     if unexpected or [m for m in missing if m != "lm_head.weight"]:
         raise RuntimeError(f"weight transfer to transformers failed: {missing} {unexpected}")
     hf.tie_weights()

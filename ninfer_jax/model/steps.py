@@ -288,6 +288,24 @@ def decode_step(params, kv, state, tokens, positions, page_table, slots, *,
     return lm.logits(final), final, kv, state
 
 
+# The pools each step donates (argument positions after the params' leaves at 0): what the
+# engine's CompiledSteps and `ninfer lower` both jit, from this one table.
+_DONATED = {"prefill": (1, 2), "decode": (1, 2), "prefill_spec": (1, 2, 3), "spec_decode": (1, 3),
+            "spec_commit": (1, 2)}
+
+
+def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = None):
+    """The jitted step `kind` (prefill, decode, prefill_spec, spec_decode with `k` drafts,
+    spec_commit) of a model split into `merger` and leaves, its pools donated (_DONATED)."""
+    from ninfer_jax.model import spec_steps
+
+    fn = {"prefill": prefill_chunk, "decode": decode_step, "prefill_spec": spec_steps.prefill_spec,
+          "spec_decode": functools.partial(spec_steps.spec_decode, k=k), "spec_commit": spec_steps.spec_commit}[kind]
+    static = ("all_logits",) if kind == "prefill" else ()
+    return jax.jit(functools.partial(fn, cfg=cfg, backend=backend, merger=merger), static_argnames=static,
+                   donate_argnums=_DONATED[kind])
+
+
 def _pool_signature(kv, state) -> tuple:
     return tuple((tuple(a.shape), jnp.dtype(a.dtype).name) for a in jax.tree.leaves((kv, state)))
 
@@ -314,12 +332,9 @@ class CompiledSteps:
         self._executables: dict[tuple, object] = {}
         self._pools: tuple | None = None  # shapes and dtypes of the pools the executables take
         self._compiled_pools: tuple | None = None  # those of the first compilation (for error messages)
-        cfg = model.config
         merger, _ = model.functional
-        self._prefill = jax.jit(functools.partial(prefill_chunk, cfg=cfg, backend=backend, merger=merger),
-                                static_argnames=("all_logits",), donate_argnums=(1, 2))
-        self._decode = jax.jit(functools.partial(decode_step, cfg=cfg, backend=backend, merger=merger),
-                               donate_argnums=(1, 2))
+        self._prefill = jit_step("prefill", model.config, backend, merger)
+        self._decode = jit_step("decode", model.config, backend, merger)
 
     def bind_pools(self, kv, state) -> None:
         """Declare the pools these steps will run on. Buckets are keyed by the per-call shapes
@@ -373,16 +388,15 @@ class CompiledSteps:
         """Build the MTP steps for `k` drafts per row (spec_steps.py): the model with its MTP head
         split once over the same device arrays (mtp_steps.MTPSteps), the pools donated as above
         (the MTP pool too; the state only where it is written)."""
-        from ninfer_jax.model import spec_steps
         from ninfer_jax.model.mtp_steps import MTPSteps
 
         mtp = MTPSteps.for_model(self.model, self.backend)
         self.speculative_tokens = k
         self._spec_leaves = mtp.leaves
-        common = dict(cfg=self.model.config, backend=self.backend, merger=mtp.merger)
-        self._spec_prefill = jax.jit(functools.partial(spec_steps.prefill_spec, **common), donate_argnums=(1, 2, 3))
-        self._spec_decode = jax.jit(functools.partial(spec_steps.spec_decode, k=k, **common), donate_argnums=(1, 3))
-        self._spec_commit = jax.jit(functools.partial(spec_steps.spec_commit, **common), donate_argnums=(1, 2))
+        cfg, backend = self.model.config, self.backend
+        self._spec_prefill = jit_step("prefill_spec", cfg, backend, mtp.merger)
+        self._spec_decode = jit_step("spec_decode", cfg, backend, mtp.merger, k)
+        self._spec_commit = jit_step("spec_commit", cfg, backend, mtp.merger)
 
     def prefill_spec(self, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots):
         args = (self._spec_leaves, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots)
