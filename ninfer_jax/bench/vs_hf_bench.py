@@ -22,24 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.bench import int_arg
-
-
-def _hybrid(n: int) -> list[str]:
-    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
-
-
-_ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}
-# The text geometry of a Qwen3.5-0.8B-like model (tied embeddings, 3 GDN + 1 attention layers);
-# `small` keeps its widths with 8 layers and a 32k vocabulary so a CPU run takes minutes.
-GEOMETRIES = {
-    "0.8b": {"model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 1024, "intermediate_size": 3584,
-             "num_hidden_layers": 24, "layer_types": _hybrid(24), "num_attention_heads": 8,
-             "num_key_value_heads": 2, "head_dim": 256, "rope_parameters": _ROPE, "linear_conv_kernel_dim": 4,
-             "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
-             "linear_num_value_heads": 16, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-             "max_position_embeddings": 262144},
-}
-GEOMETRIES["small"] = dict(GEOMETRIES["0.8b"], num_hidden_layers=8, layer_types=_hybrid(8), vocab_size=32000)
+from ninfer_jax.bench.geometries import GEOMETRIES
 
 
 def _say(msg: str) -> None:
