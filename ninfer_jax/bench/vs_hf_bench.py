@@ -121,11 +121,11 @@ def _theirs(hf, prompt: np.ndarray, rows: int, steps: int):
     def run() -> float:
         with torch.no_grad():
             res = hf(ids, use_cache=True)
-            cache = res.past_key_values
+            cache = getattr(res, "cache", None) or res.past_key_values
             start = time.perf_counter()
             for _ in range(steps):
-                res = hf(token, past_key_values=cache, use_cache=True)
-                cache = res.past_key_values
+                res = hf(token, cache=cache, use_cache=True)
+                cache = getattr(res, "cache", None) or res.past_key_values
             return time.perf_counter() - start
 
     return run
