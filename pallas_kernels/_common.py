@@ -129,15 +129,17 @@ def tree_sum(x, axis: int = -1):
     Batch invariance (doctrine 1): XLA's CPU reduce vectorises by the shape and the fusion it
     lands in, so the same row summed alone or beside other rows can round differently; a tree of
     slices and adds is the same arithmetic for every element whatever the rest of the array."""
-    x = jnp.moveaxis(x, axis, -1)
-    n = x.shape[-1]
+    axis = axis % x.ndim  # halves are sliced along `axis` in place: no transpose of x
+    n = x.shape[axis]
     width = next_pow2(n)
     if width != n:
-        x = jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (width - n,), x.dtype)], axis=-1)
-    while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        x = x[..., :half] + x[..., half:]
-    return x[..., 0]
+        pad = list(x.shape)
+        pad[axis] = width - n
+        x = jnp.concatenate([x, jnp.zeros(pad, x.dtype)], axis=axis)
+    while x.shape[axis] > 1:
+        half = x.shape[axis] // 2
+        x = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(x, half, 2 * half, axis=axis)
+    return jnp.squeeze(x, axis)
 
 
 def softmax(s):
