@@ -13,6 +13,7 @@ paged steps (`[R, T, H]`, `[B, H]`) share them; only the token mixers' cores dif
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -33,24 +34,43 @@ ROW_BLOCK = 8
 NATIVE_ROWS = 64
 
 
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x `[..., K]` @ w `[K, N]`: full precision for float32 (exactness), native for bfloat16;
-    batch-invariant below NATIVE_ROWS rows (ROW_BLOCK)."""
-    precision = jax.lax.Precision.HIGHEST if w.dtype == jnp.float32 else None
+def matmul(x: jax.Array, w: jax.Array, *, w_nk: bool = False) -> jax.Array:
+    """x `[..., K]` @ w `[K, N]` (or @ w.T for w `[N, K]` with `w_nk`: the tied lm head reads the
+    embedding as it is stored, `_product`): full precision for float32 (exactness), the narrow
+    dtype's native product otherwise; batch-invariant below NATIVE_ROWS rows (ROW_BLOCK)."""
     lead, k = x.shape[:-1], x.shape[-1]
     m = math.prod(lead)
     if m >= NATIVE_ROWS:
-        return jnp.matmul(x, w, precision=precision)
+        return _product(x, w, w_nk)
     blocks = -(-m // ROW_BLOCK)
     rows = jnp.pad(x.reshape(m, k), ((0, blocks * ROW_BLOCK - m), (0, 0)))
-
-    def block(r):
-        return jnp.matmul(r, w, precision=precision)
-
     # Identical separate products, not one of blocks*ROW_BLOCK rows, and not a loop either: XLA
     # emits a product inside a while loop otherwise than the same product outside one.
-    out = jnp.concatenate([block(rows[i * ROW_BLOCK:(i + 1) * ROW_BLOCK]) for i in range(blocks)], axis=0)
-    return out[:m].reshape(*lead, w.shape[-1])
+    out = jnp.concatenate([_product(rows[i * ROW_BLOCK:(i + 1) * ROW_BLOCK], w, w_nk) for i in range(blocks)],
+                          axis=0)
+    return out[:m].reshape(*lead, -1)
+
+
+def _product(x: jax.Array, w: jax.Array, w_nk: bool) -> jax.Array:
+    """One product, in the dtype jnp.matmul gives.
+
+    Operands of one narrow float dtype (bfloat16) are multiplied as stored and accumulated in
+    float32 (`preferred_element_type`), rounded once. Asked for a bf16 *result*, XLA's CPU
+    backend has no native dot: it rewrites the product into float32 and converts the whole
+    weight inside every step (issue 33: bf16 decode 4.2-4.7x slower than float32). Asked for a
+    float32 result, it hands the dot to its YNNPACK fusion, which reads the bf16 weight directly
+    (also for a weight contracted on its last axis, the `[N, K]` layout, but not for a transpose
+    op in front of the dot: hence `w_nk`). GPUs run this dot natively too (bf16 tensor cores,
+    float32 accumulation, as a bf16 result did internally), so one formulation serves every
+    platform and nothing depends on where the step is compiled.
+
+    float32 (and mixed dtypes, which the model does not produce) keep jnp.matmul, float32 at
+    Precision.HIGHEST: no TF32 or bf16 passes on GPU; the oracle tests compare it."""
+    if x.dtype == w.dtype and w.dtype != jnp.float32 and jnp.issubdtype(w.dtype, jnp.floating):
+        dims = (((x.ndim - 1,), (1 if w_nk else 0,)), ((), ()))
+        return jax.lax.dot_general(x, w, dims, preferred_element_type=jnp.float32).astype(w.dtype)
+    precision = jax.lax.Precision.HIGHEST if w.dtype == jnp.float32 else None
+    return jnp.matmul(x, w.T if w_nk else w, precision=precision)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -215,29 +235,25 @@ def dense_mlp(p: dict, x: jax.Array) -> jax.Array:
 def moe(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Top-k routed experts plus the sigmoid-gated shared expert; x `[..., hidden]`.
 
-    Assignments are sorted by expert and run as grouped matmuls (`ragged_dot`), so work is
-    proportional to top-k, not to the number of experts.
+    Each token's k expert outputs come from `routed_experts` (tiles of one expert's
+    assignments; work and bytes follow the experts used) and are weighted and summed in the
+    order of k with explicit adds, so a token's result never depends on which tokens share the
+    step (batch invariance, doctrine 1).
     """
     lead, hidden = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, hidden)
-    n, top_k, num_experts = flat.shape[0], cfg.num_experts_per_tok, cfg.num_experts
+    n, top_k = flat.shape[0], cfg.num_experts_per_tok
     probs = softmax(matmul(flat, p["router"]).astype(jnp.float32))
     weights, experts = jax.lax.top_k(probs, top_k)  # [n, k]
     if cfg.norm_topk_prob:
         weights = weights / tree_sum(weights)[..., None]
     weights = weights.astype(x.dtype)
 
-    expert_of = experts.reshape(-1)  # [n*k]
-    order = jnp.argsort(expert_of, stable=True)
-    token_of = order // top_k
-    rows = flat[token_of]
-    sizes = jnp.bincount(expert_of, length=num_experts).astype(jnp.int32)
-    precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
-    gate = jax.lax.ragged_dot(rows, p["experts_gate"], sizes, precision=precision)
-    up = jax.lax.ragged_dot(rows, p["experts_up"], sizes, precision=precision)
-    out = jax.lax.ragged_dot(jax.nn.silu(gate) * up, p["experts_down"], sizes, precision=precision)
-    out = out * weights.reshape(-1)[order][:, None]
-    routed = jnp.zeros_like(flat).at[token_of].add(out)
+    tile = EXPERT_ROWS if n < NATIVE_ROWS else prefill_expert_tile(n * top_k, cfg.num_experts)
+    out = routed_experts(p, flat, experts, tile) * weights[..., None]  # [n, k, hidden]
+    routed = out[:, 0]
+    for j in range(1, top_k):
+        routed = routed + out[:, j]
 
     if "shared_gate_proj" in p:
         shared = dense_mlp({"gate_proj": p["shared_gate_proj"], "up_proj": p["shared_up_proj"],
@@ -245,6 +261,123 @@ def moe(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
         shared = jax.nn.sigmoid(matmul(flat, p["shared_expert_gate"]).astype(jnp.float32)) * shared
         routed = routed + shared.astype(flat.dtype)
     return routed.reshape(*lead, hidden)
+
+
+# Rows of one expert product below NATIVE_ROWS tokens (decode and verify steps, whatever their
+# row count: batch invariance). The products are bound by reading the expert's slice, not by
+# their rows: 1, 2, 4 and 8 rows ran within 15% of each other at 2 and 8 tokens (64 experts of
+# [1024, 256], top-8, CPU), 8 fastest at 40 tokens (a verify step).
+EXPERT_ROWS = ROW_BLOCK
+
+
+def prefill_expert_tile(assignments: int, num_experts: int) -> int:
+    """Rows per expert product for NATIVE_ROWS tokens or more (a prefill chunk of one request,
+    or the whole-sequence reference): about the mean assignments per expert, 8 to 64. Measured
+    on 64 experts of [1024, 256] (CPU): 64 tokens x top-8 (8 a expert) fastest at 8-16 rows, 256
+    tokens (32 an expert) at 16-32; a tile much larger than the groups computes padding."""
+    mean = -(-assignments // num_experts)
+    return min(64, max(ROW_BLOCK, 1 << (mean - 1).bit_length()))
+
+
+def routed_experts(p: dict, flat: jax.Array, experts: jax.Array, tile: int) -> jax.Array:
+    """The routed experts' outputs, unweighted: flat `[n, hidden]`, experts `[n, k]` → `[n, k, hidden]`.
+
+    Assignments (token, k) are sorted by expert, and each expert's run of them is cut into
+    tiles of `tile` rows: the loop runs one tile at a time, `silu(x @ gate[e]) * (x @ up[e]) @
+    down[e]` for the tile's expert e, read as it is stored (one `[hidden, I]` slice per tile).
+    Work and bytes follow the tiles used: no expert tensor is relaid out or densified, which
+    `ragged_dot`'s CPU lowering does (every expert transposed and multiplied, masked: 0.12-0.27x
+    transformers on a Qwen3-Next-shaped MoE, issue 33).
+
+    Batch invariance: every tile is the same `[tile, hidden] @ [hidden, I]` product (rows past
+    the expert's run zeroed), a row's result in it depends neither on the other rows nor on its
+    place (as for `matmul`'s ROW_BLOCK), and every row count runs the same loop, whose trip count
+    (the tiles used) is data: XLA cannot unroll or drop it, so the product is emitted the same
+    way at every bucket. Below NATIVE_ROWS tokens the tile is ROW_BLOCK.
+
+    Differentiable (`HybridLM` fine-tuning): reverse mode cannot run through a loop of data-
+    dependent length, so the gradient is that of `_grouped_experts`, the same function as
+    grouped `ragged_dot` products (their transposes are the weights' and rows' gradients).
+    """
+    stored = (p["experts_gate"], p["experts_up"], p["experts_down"])
+    return _tiled_experts(stored, flat, experts, tile)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tiled_experts(stored: tuple, flat: jax.Array, experts: jax.Array, tile: int) -> jax.Array:
+    n, top_k = experts.shape
+    hidden, num_experts = flat.shape[-1], stored[0].shape[0]
+    a = n * top_k
+    expert_of = experts.reshape(-1).astype(jnp.int32)
+    order = jnp.argsort(expert_of, stable=True)  # sorted position → assignment
+    sizes = jnp.bincount(expert_of, length=num_experts).astype(jnp.int32)
+    run_end = jnp.cumsum(sizes)
+    tiles = -(-sizes // tile)
+    tile_end = jnp.cumsum(tiles)
+    # The schedule: each expert's tiles in turn, at most ceil(a/tile) + min(E, a) of them.
+    t = jnp.arange(-(-a // tile) + min(num_experts, a), dtype=jnp.int32)
+    tile_expert = jnp.searchsorted(tile_end, t, side="right", method="compare_all")  # no loop
+    tile_expert = jnp.minimum(tile_expert, num_experts - 1).astype(jnp.int32)
+    tile_start = run_end[tile_expert] - sizes[tile_expert] + tile * (t - (tile_end[tile_expert] - tiles[tile_expert]))
+    tile_stop = run_end[tile_expert]
+    rows = jnp.concatenate([flat[order // top_k], jnp.zeros((tile, hidden), flat.dtype)])  # sorted, + a tile of slack
+
+    def body(i, out):
+        # The barrier makes the expert tensors loop-variant: XLA's CPU backend slices a bfloat16
+        # array through a float32 convert of the whole operand, and hoists that convert of every
+        # expert tensor out of the loop unless the operand changes per iteration (float32 is
+        # unaffected; the barrier costs nothing and runs for every dtype alike).
+        (wg, wu, wd), e = jax.lax.optimization_barrier((stored, tile_expert[i]))
+        start = tile_start[i]
+        valid = (start + jnp.arange(tile) < tile_stop[i])[:, None]
+        x = jnp.where(valid, jax.lax.dynamic_slice_in_dim(rows, start, tile), 0)
+        h = (jax.nn.silu(_expert_product(x, wg[e])) * _expert_product(x, wu[e])).astype(flat.dtype)
+        y = _expert_product(h, wd[e])
+        old = jax.lax.dynamic_slice_in_dim(out, start, tile)
+        return jax.lax.dynamic_update_slice_in_dim(out, jnp.where(valid, y, old), start, 0)
+
+    # float32 results (the products' accumulation type), rounded to the model dtype once, after.
+    out = jax.lax.fori_loop(0, tile_end[-1], body, jnp.zeros((a + tile, hidden), jnp.float32))
+    position = jnp.zeros(a, jnp.int32).at[order].set(jnp.arange(a, dtype=jnp.int32))  # assignment → sorted
+    return out[position].astype(flat.dtype).reshape(n, top_k, hidden)
+
+
+def _grouped_experts(stored: tuple, flat: jax.Array, experts: jax.Array) -> jax.Array:
+    """`_tiled_experts`' function as grouped products over all experts (`ragged_dot`, which XLA's
+    CPU backend densifies: for gradients only)."""
+    n, top_k = experts.shape
+    expert_of = experts.reshape(-1)
+    order = jnp.argsort(expert_of, stable=True)
+    sizes = jnp.bincount(expert_of, length=stored[0].shape[0]).astype(jnp.int32)
+    rows = flat[order // top_k]
+    precision = jax.lax.Precision.HIGHEST if flat.dtype == jnp.float32 else None
+    grouped = lambda x, w: jax.lax.ragged_dot(x, w, sizes, precision=precision,  # noqa: E731
+                                              preferred_element_type=jnp.float32)
+    h = (jax.nn.silu(grouped(rows, stored[0])) * grouped(rows, stored[1])).astype(flat.dtype)
+    out = jnp.zeros((n * top_k, flat.shape[-1]), jnp.float32).at[order].set(grouped(h, stored[2]))
+    return out.astype(flat.dtype).reshape(n, top_k, -1)
+
+
+def _tiled_experts_fwd(stored, flat, experts, tile):
+    return _tiled_experts(stored, flat, experts, tile), (stored, flat, experts)
+
+
+def _tiled_experts_bwd(tile, residuals, cotangent):
+    stored, flat, experts = residuals
+    _, vjp = jax.vjp(lambda s, f: _grouped_experts(s, f, experts), stored, flat)
+    return (*vjp(cotangent), None)
+
+
+_tiled_experts.defvjp(_tiled_experts_fwd, _tiled_experts_bwd)
+
+
+def _expert_product(x: jax.Array, w: jax.Array) -> jax.Array:
+    """One tile's `[tile, K] @ [K, N]` → float32: float32 at Precision.HIGHEST (exactness, no
+    TF32 on GPU); a narrow dtype as stored, accumulated in float32 (asked for a bf16 result,
+    XLA's CPU backend converts the operands to float32 first)."""
+    precision = jax.lax.Precision.HIGHEST if w.dtype == jnp.float32 else None
+    return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), precision=precision,
+                               preferred_element_type=jnp.float32)
 
 
 def feed_forward(p: dict, x: jax.Array, kind: str, cfg: ModelConfig) -> jax.Array:

@@ -43,8 +43,9 @@ def _param(value) -> nnx.Param:
 
 def lm_head_logits(embed: jax.Array, lm_head: jax.Array | None, x: jax.Array) -> jax.Array:
     """Final hidden `[..., H]` → float32 logits `[..., V]`; tied (`lm_head` None) uses embed.T."""
-    w = embed.T if lm_head is None else lm_head
-    return L.matmul(x, w).astype(jnp.float32)
+    if lm_head is None:  # embed [V, H] read as stored (a transpose in front costs bf16 its native dot)
+        return L.matmul(x, embed, w_nk=True).astype(jnp.float32)
+    return L.matmul(x, lm_head).astype(jnp.float32)
 
 
 class DecoderLayer(nnx.Module):
