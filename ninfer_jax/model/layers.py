@@ -273,10 +273,10 @@ EXPERT_ROWS = ROW_BLOCK
 def prefill_expert_tile(assignments: int, num_experts: int) -> int:
     """Rows per expert product for NATIVE_ROWS tokens or more (a prefill chunk of one request,
     or the whole-sequence reference): about the mean assignments per expert, 8 to 64. Measured
-    on 64 experts of [1024, 256] (CPU): 64 tokens x top-8 (8 a expert) fastest at 8-16 rows, 256
+    on 64 experts of [1024, 256] (CPU): 64 tokens x top-8 (8 an expert) fastest at 8-16 rows, 256
     tokens (32 an expert) at 16-32; a tile much larger than the groups computes padding."""
     mean = -(-assignments // num_experts)
-    return min(64, max(ROW_BLOCK, 1 << (mean - 1).bit_length()))
+    return min(64, max(EXPERT_ROWS, 1 << (mean - 1).bit_length()))
 
 
 def routed_experts(p: dict, flat: jax.Array, experts: jax.Array, tile: int) -> jax.Array:
@@ -286,8 +286,8 @@ def routed_experts(p: dict, flat: jax.Array, experts: jax.Array, tile: int) -> j
     tiles of `tile` rows: the loop runs one tile at a time, `silu(x @ gate[e]) * (x @ up[e]) @
     down[e]` for the tile's expert e, read as it is stored (one `[hidden, I]` slice per tile).
     Work and bytes follow the tiles used: no expert tensor is relaid out or densified, which
-    `ragged_dot`'s CPU lowering does (every expert transposed and multiplied, masked: 0.12-0.27x
-    transformers on a Qwen3-Next-shaped MoE, issue 33).
+    `ragged_dot`'s CPU lowering does (every expert transposed and multiplied, masked: decode at
+    0.09-0.21x transformers on a Qwen3-Next-shaped MoE, issue 33; scripts/moe_bench.py).
 
     Batch invariance: every tile is the same `[tile, hidden] @ [hidden, I]` product (rows past
     the expert's run zeroed), a row's result in it depends neither on the other rows nor on its
