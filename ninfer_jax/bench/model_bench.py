@@ -172,6 +172,21 @@ def _hf_model(model):
     return hf
 
 
+def hf_decode_seconds(hf, batch, token, steps: int) -> float:
+    """The same work as ours: one prefill of `batch` into transformers' cache (not timed), then
+    `steps` single-token steps of `token` through its recurrent/KV cache path (timed)."""
+    import torch
+
+    with torch.no_grad():
+        res = hf(batch, use_cache=True)
+        cache = getattr(res, "cache", None) or res.past_key_values
+        start = time.perf_counter()
+        for _ in range(steps):
+            res = hf(token, cache=cache, use_cache=True)
+            cache = getattr(res, "cache", None) or res.past_key_values
+        return time.perf_counter() - start
+
+
 def _transformers(prompt: np.ndarray, decode_steps: int) -> dict:
     import torch
 
@@ -189,19 +204,8 @@ def _transformers(prompt: np.ndarray, decode_steps: int) -> dict:
             batch = ids.repeat(rows, 1)
             token = batch[:, -1:]
 
-            def decode(n):
-                # The same work as ours: one prefill into transformers' cache, then n single-token
-                # steps through its recurrent/KV cache path.
-                res = hf(batch, use_cache=True)
-                cache = getattr(res, "cache", None) or res.past_key_values
-                start = time.perf_counter()
-                for _ in range(n):
-                    res = hf(token, cache=cache, use_cache=True)
-                    cache = getattr(res, "cache", None) or res.past_key_values
-                return time.perf_counter() - start
-
-            decode(2)
-            out[f"hf_decode_steps_per_s_b{rows}"] = decode_steps / decode(decode_steps)
+            hf_decode_seconds(hf, batch, token, 2)
+            out[f"hf_decode_steps_per_s_b{rows}"] = decode_steps / hf_decode_seconds(hf, batch, token, decode_steps)
             _say(f"transformers decode b={rows}: {out[f'hf_decode_steps_per_s_b{rows}']:.1f} steps/s")
     return out
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from ninfer_jax.bench import int_arg
 from ninfer_jax.bench.geometries import GEOMETRIES
+from ninfer_jax.bench.model_bench import hf_decode_seconds
 
 
 def _say(msg: str) -> None:
@@ -118,17 +119,7 @@ def _theirs(hf, prompt: np.ndarray, rows: int, steps: int):
     ids = torch.tensor(np.repeat(prompt[None].astype(np.int64), rows, axis=0))
     token = ids[:, -1:]
 
-    def run() -> float:
-        with torch.no_grad():
-            res = hf(ids, use_cache=True)
-            cache = getattr(res, "cache", None) or res.past_key_values
-            start = time.perf_counter()
-            for _ in range(steps):
-                res = hf(token, cache=cache, use_cache=True)
-                cache = getattr(res, "cache", None) or res.past_key_values
-            return time.perf_counter() - start
-
-    return run
+    return lambda: hf_decode_seconds(hf, ids, token, steps)
 
 
 def run(argv: list[str]) -> dict:
