@@ -151,17 +151,11 @@ def shapes_for(config, backend: str, speculative_tokens: int | None = None) -> S
                   speculative_tokens=speculative_tokens)
 
 
-def _pow2_ends(n: int) -> list[int]:
-    """The smallest and largest power-of-two bucket up to `n` (one if they coincide)."""
-    top = 1 << max(0, n.bit_length() - 1)
-    return sorted({1, top})
-
-
 def _mover_buckets(units: int) -> dict[str, list[int]]:
-    """UnitPool.buckets' ends: pack/unpack up to the largest power of two within the pool, copy up
-    to the power of two at or above it."""
-    ceil = 1 << max(0, (units - 1).bit_length())
-    return {"pack": _pow2_ends(units), "unpack": _pow2_ends(units), "copy": _pow2_ends(ceil)}
+    """The smallest and largest of each mover's buckets (`unit_pool.mover_buckets`)."""
+    from ninfer_jax.program.unit_pool import mover_buckets
+
+    return {mover: sorted({sizes[0], sizes[-1]}) for mover, sizes in mover_buckets(units).items()}
 
 
 def all_steps(shapes: Shapes) -> list[Step]:

@@ -49,6 +49,14 @@ def pow2_upto(n: int) -> list[int]:
     return [1 << b for b in range(n.bit_length())] if n >= 1 else []
 
 
+def mover_buckets(units: int) -> dict[str, list[int]]:
+    """The index buckets of a pool of `units` units: pack and unpack every power of two within
+    the pool, copy every one up to the power of two at or above it (`UnitPool.buckets`,
+    `ninfer lower`)."""
+    within = pow2_upto(1 << (units.bit_length() - 1))
+    return {"pack": within, "unpack": within, "copy": pow2_upto(bucket(units))}
+
+
 def _as_bytes(x):
     """[k, n] of any dtype -> [k, n * itemsize] uint8, native byte order (numpy's `.view`)."""
     if x.dtype == jnp.uint8:
@@ -156,8 +164,7 @@ class UnitPool:
 
     def buckets(self) -> dict[str, list[int]]:
         """Every bucket each mover is compiled for at warm-up."""
-        out = {"pack": pow2_upto(self.max_piece), "unpack": pow2_upto(self.max_piece),
-               "copy": pow2_upto(bucket(self.capacity))}
+        out = mover_buckets(self.capacity)
         if self._hidden_index is not None:
             out["hidden"] = [1]
         return out
