@@ -520,8 +520,6 @@ def cmd_lower(args: list[str]) -> int:
     """Lower every compiled step and Pallas kernel of --model for --platform from shapes alone
     (ninfer_jax/lower.py): config.json only, no weights, no device, nothing compiled. One line per
     step on stdout (or one JSON object); exit 1 naming the first step that did not lower."""
-    import time
-
     try:
         _no_arguments("lower", args)
         from ninfer_jax import lower
@@ -530,24 +528,7 @@ def cmd_lower(args: list[str]) -> int:
                                    speculative_tokens=_SPECULATIVE_TOKENS.value, only=_STEPS.value)
     except _usage_errors() as e:
         return _refuse("lower", e)
-    s = plan.shapes
-    n = len(plan.steps)
-    print(f"[ninfer] lowering {n} step{'' if n == 1 else 's'} of {s.model} ({s.dtype}) for {plan.platform}, kernels "
-          f"{plan.backend}: chunk {s.chunk_size}, decode buckets {','.join(map(str, s.decode_buckets))}, "
-          f"speculative_tokens {s.speculative_tokens}, {s.kv_pages} Main KV pages, {s.state_slots} StateImage slots",
-          file=sys.stderr)
-    start = time.perf_counter()
-    results = []
-    for result in lower.lower_steps(plan):
-        results.append(result)
-        if not _JSON.value:
-            print(result.line(), flush=True)
-    seconds = time.perf_counter() - start
-    if _JSON.value:
-        print(json.dumps(lower.report(plan, results, seconds), sort_keys=True))
-    print(f"[ninfer] lowered {sum(r.ok for r in results)} of {len(results)} steps for {plan.platform} in "
-          f"{seconds:.1f}s", file=sys.stderr)
-    error = lower.failure(results)
+    error = lower.run(plan, as_json=_JSON.value)
     return _failed("lower", error) if error else 0
 
 

@@ -535,3 +535,30 @@ def report(plan: LowerPlan, results: list[StepResult], seconds: float) -> dict:
     return {"platform": plan.platform, "backend": plan.backend, "shapes": plan.shapes.as_dict(),
             "steps": [r.as_dict() for r in results], "lowered": sum(r.ok for r in results),
             "failed": [r.name for r in results if not r.ok], "seconds": round(seconds, 3)}
+
+
+def run(plan: LowerPlan, as_json: bool = False) -> "LoweringError | None":
+    """`ninfer lower`'s output: a progress line on stderr, one line per step as it lowers on
+    stdout (or, `as_json`, one JSON object at the end), a closing count on stderr. Returns the
+    failure to report, None when every step lowered."""
+    import json
+    import sys
+
+    s = plan.shapes
+    n = len(plan.steps)
+    print(f"[ninfer] lowering {n} step{'' if n == 1 else 's'} of {s.model} ({s.dtype}) for {plan.platform}, kernels "
+          f"{plan.backend}: chunk {s.chunk_size}, decode buckets {','.join(map(str, s.decode_buckets))}, "
+          f"speculative_tokens {s.speculative_tokens}, {s.kv_pages} Main KV pages, {s.state_slots} StateImage slots",
+          file=sys.stderr)
+    start = time.perf_counter()
+    results = []
+    for result in lower_steps(plan):
+        results.append(result)
+        if not as_json:
+            print(result.line(), flush=True)
+    seconds = time.perf_counter() - start
+    if as_json:
+        print(json.dumps(report(plan, results, seconds), sort_keys=True))
+    print(f"[ninfer] lowered {sum(r.ok for r in results)} of {len(results)} steps for {plan.platform} in "
+          f"{seconds:.1f}s", file=sys.stderr)
+    return failure(results)
