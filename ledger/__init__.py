@@ -92,7 +92,7 @@ __all__ = [name for name in dir() if not name.startswith("_")]
 
 # -- the context-cache policy (records, checkpoints, index, evidence, reclamation; docs/cache_policy.md)
 from ledger.bind import BindRequest, plan_bind, plan_bind_transfer
-from ledger.cache_edit import CacheResult
+from ledger.reclamation.edit import CacheResult
 from ledger.cache_integrity import check_cache, check_quote
 from ledger.cache_state import (
     ActiveUse,
@@ -120,11 +120,11 @@ from ledger.capture import (
     plan_publish_end,
     plan_revoke_snapshot,
 )
-from ledger.evidence import observe_prefill, rebalance_tiers
+from ledger.reclamation.demand import observe_prefill, rebalance_tiers
 from ledger.identity import InputIdentity, extend, from_frontier_identity, identity_of
-from ledger.reclaim import (Applicant, ApplicantKind, Gap, Quote, gap_order, plan_reclaim, quote, quote_facts,
+from ledger.reclamation import (Applicant, ApplicantKind, Gap, Quote, gap_order, plan_reclaim, quote, quote_facts,
                             quote_reference)
-from ledger import evidence, victims
+from ledger import reclamation
 from ledger.sources import SourceCandidate, SourceQuery, Takeover, query_sources, select_source
 from ledger.waiting import plan_release_wait, plan_revoke_wait, plan_wait, revocable_waiters
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Hashable, NamedTuple
 
-from ledger import evidence as ev
-from ledger.cache_edit import CacheResult, Edit
-from ledger.cache_state import ActiveUse, CacheState, Checkpoint, PointKind, seq_holder
+from ledger.reclamation import demand as ev
+from ledger.reclamation.edit import CacheResult, Edit
+from ledger.cache_state import ActiveUse, CacheState, Checkpoint, seq_holder
 from ledger.effects import CopyToDevice, CopyUnit
 from ledger.errors import InvalidRequest
 from ledger.objects import plan_add_holders, plan_allocate, plan_copy_on_write
@@ -180,7 +180,6 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         e.end_wait(req.request)  # an orphaned source point of this waiter goes with it
 
     # 5. Records and evidence (only now: WAIT-4).
-    cache2 = e.cache
     if paused_use is not None:  # PAUSE-1/5: same record, same publication order, no heat
         if src is not None and takeover == Takeover.SNAPSHOT:
             e.drop_point(src.cid)
@@ -189,29 +188,22 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         e.note("resumed", takeover, use.rid, permit)
         e.note("view", view_state, tuple(view_kv))
         return e.finish("bind", note=f"resume {takeover} at {cand.frontier}")
-    if src is None:
-        rec = e.new_record(session=req.session, publication=pub, active=req.request)
-        rid = rec.rid
-    elif orphan:  # WAIT-3: the waiter's own old point (the directory was replaced): a new branch
+    if src is None or orphan:  # a root, or WAIT-3: the waiter's own old point (the directory was replaced)
         rid = e.new_record(session=req.session, publication=pub, active=req.request).rid
     elif takeover in (Takeover.MOVE, Takeover.TAKEOVER_FORK):
         rid = cand.rid
-        rec = cache2.records[rid]
         if takeover == Takeover.MOVE:
             e.drop_point(src.cid)  # the E state now belongs to the writer (kept: it holds it)
-            rec = e.cache.records[rid]
+        rec = e.cache.records[rid]
         rec = rec._replace(active=req.request, publication_order=pub,
                            session=rec.session if rec.session is not None else req.session)
         rec = ev.inherit_pair(rec, src.frontier, now, consume=True)  # HEAT-1: Consume resets the pair
         e.put_record(rec)
         e.cache = ev.observe_adoption(e.cache, req.request, src.cid, now, own=False)
-        if rec.tier and src.kind == PointKind.INPUT and rec.proven_frontier == src.frontier:
-            pass  # HEAT-3: proven position is the input point itself
     else:  # FORK: an independent branch; the child takes this adoption's time and position
         child = e.new_record(session=req.session, publication=pub, active=req.request)
         kind, key = src.owner
-        own = False
-        e.cache = ev.observe_adoption(e.cache, req.request, src.cid, now, own=own)
+        e.cache = ev.observe_adoption(e.cache, req.request, src.cid, now, own=False)
         child = e.cache.records[child.rid]
         child = ev.inherit_pair(child, src.frontier, now, consume=True) if src.frontier else child
         e.put_record(child)

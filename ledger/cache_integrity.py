@@ -83,7 +83,7 @@ def check_cache(state: LedgerState, cache: CacheState) -> None:
     for cid in listed:
         if cid not in cache.checkpoints:
             errs.append(f"index lists dead checkpoint {cid}")
-    from ledger.cache_edit import deepest_prefix_cid
+    from ledger.reclamation.prefixes import deepest_prefix_cid
 
     deps: dict = {}
     for cid, c in cache.checkpoints.items():  # RCL-5 facts: each fallback is the deepest prefix
@@ -107,12 +107,12 @@ def check_cache(state: LedgerState, cache: CacheState) -> None:
         if rid not in cache.records:
             errs.append(f"session {s!r} names dead record {rid}")
     if cache.victims is not None:  # RCL-4/RD-8 order and HEAT-4 footprint, recounted from scratch
-        from ledger import evidence as ev
-        from ledger import victims as vx
+        from ledger.reclamation import index_build, index_sync
+        from ledger.reclamation.pricing import beyond_target_reference
 
-        kept = vx.sync(cache.victims, state, cache)
-        errs.extend(vx.compare(kept, vx.build(state, cache)))
-        got, want = vx.beyond_target(kept, state)[0], ev.beyond_target_reference(state, cache)
+        kept = index_sync.sync(cache.victims, state, cache)
+        errs.extend(index_build.compare(kept, index_build.build(state, cache)))
+        got, want = index_build.beyond_target(kept, state)[0], beyond_target_reference(state, cache)
         if got != want:
             errs.append(f"reuse segment: beyond the soft target {sorted(got)} != recounted {sorted(want)}")
     if errs:
@@ -126,7 +126,7 @@ def check_quote(state: LedgerState, cache: CacheState, q) -> None:
     to a scratch copy of the states; every object a chosen action moves (a demotion's pages, a
     dropped duplicate replica, a Host victim's replica drop) must be alive before, moved once,
     and still alive after those deletions."""
-    from ledger.cache_edit import Edit
+    from ledger.reclamation.edit import Edit
 
     e = Edit(state, cache)
     moved: list = []

@@ -188,7 +188,7 @@ class CacheState(NamedTuple):
     # a new point now covers (those extending it) are one contiguous run from its own tokens
     # on, found without reading every point that falls back on the same prefix (_link).
     dep_order: immutables.Map = immutables.Map()  # cid -> PSorted of (tokens, cid) falling back on it
-    # RCL-4/RD-8 victim order and HEAT-4 reuse footprint, kept by every edit (ledger/victims.py);
+    # RCL-4/RD-8 victim order and HEAT-4 reuse footprint, kept by every edit (ledger/reclamation/index.py);
     # None until the first Edit builds it (a quote then enumerates, as `quote_reference`).
     victims: object = None
 

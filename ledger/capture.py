@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Hashable, NamedTuple
 
 from ledger import arena as host
-from ledger import evidence as ev
-from ledger import reclaim as rc
-from ledger.cache_edit import CacheResult, Edit
+from ledger import reclamation as rc
+from ledger.reclamation import demand as ev
+from ledger.reclamation.edit import CacheResult, Edit
 from ledger.cache_state import (
     MAX_ANCHORS,
     CacheState,
@@ -133,7 +133,7 @@ def _state_destination(e: Edit, view: SequenceView, cid: int, budget: int, owner
 
 def _fallback(cache: CacheState, ident: InputIdentity) -> int:
     """The deepest existing point that is an exact prefix of `ident` (RCL-5, RCL-11)."""
-    from ledger.cache_edit import deepest_prefix_cid
+    from ledger.reclamation.prefixes import deepest_prefix_cid
 
     cid = deepest_prefix_cid(cache, ident)
     return cache.checkpoints[cid].frontier if cid else 0

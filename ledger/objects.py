@@ -7,6 +7,7 @@ where it is (an active writer). Both defer the release of an object whose last h
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Hashable, Iterable, Sequence
 
 from ledger import validate as v
@@ -31,7 +32,7 @@ from ledger.state import DEVICE, HOST_MEDIUM, LedgerState, PhysicalObject, Reade
 
 
 # -- mechanics shared with transactions ---------------------------------------------------
-_FIELD = {f: i for i, f in enumerate(PhysicalObject._fields)}
+_FIELD = MappingProxyType({f: i for i, f in enumerate(PhysicalObject._fields)})  # read-only: no module state
 _VERSION = _FIELD["version"]
 _new = tuple.__new__
 

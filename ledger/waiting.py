@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Hashable
 
-from ledger.cache_edit import CacheResult, Edit
+from ledger.reclamation.edit import CacheResult, Edit
 from ledger.cache_state import CacheState, WaitRef, wait_holder
 from ledger.errors import InvalidRequest
 from ledger.objects import plan_add_holders

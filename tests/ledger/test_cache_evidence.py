@@ -1,7 +1,7 @@
 """Waiting references (WAIT-1..4) and demand evidence / tiers (HEAT-1..4)."""
 from __future__ import annotations
 
-import ledger.evidence as ev
+import ledger.reclamation.demand as ev
 from ledger import prefix_index as px
 from cache_helpers import L, capture, compute, end, make, points, served, start, toks
 

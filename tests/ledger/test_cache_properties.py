@@ -275,7 +275,7 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def victim_order(self):
         """RCL-4/RD-8, HEAT-4: the incrementally kept order equals the one ranked from scratch,
-        and quotes taken through it equal the full enumeration's (ledger/victims.py)."""
+        and quotes taken through it equal the full enumeration's (ledger/reclamation/)."""
         order_matches_scratch(self.sim.state, self.sim.cache)
         self.checks = getattr(self, "checks", 0) + 1
         quotes_agree(self.sim.state, self.sim.cache, self.checks)

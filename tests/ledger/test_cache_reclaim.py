@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from cache_helpers import L, capture, compute, end, make, points, start, toks
-from ledger.cache_edit import Edit
+from ledger.reclamation.edit import Edit
 
 INPUT, END, SHARED, ANCHOR = L.PointKind.INPUT, L.PointKind.END, L.PointKind.SHARED, L.PointKind.ANCHOR
 NEC = L.Applicant(L.ApplicantKind.NECESSARY)

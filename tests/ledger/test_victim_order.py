@@ -1,10 +1,10 @@
-"""The persistent victim order (ledger/victims.py) and quotes taken through it (RCL-1..12, RD-8, HEAT-4).
+"""The persistent victim order (ledger/reclamation/index*.py) and quotes taken through it (RCL-1..12, RD-8, HEAT-4).
 
 Every scenario checks the kept order against the one ranked from first principles
 (`order_matches_scratch`) and the quotes against `quote_reference` (`quotes_agree`); the
 random operation sequences of test_cache_properties.py do the same after every step. Here:
 the persistent structures themselves, wide sharing (a system prompt's pages held by more than
-`victims.BIG` points), owners beyond the reuse segment's soft target, lazy validation (leases,
+`index.BIG` points), owners beyond the reuse segment's soft target, lazy validation (leases,
 pins, active writers: the order is not touched, the quote skips them), what a new point re-keys,
 that `check_cache` notices a corrupted order, shared quote facts, and Host gaps.
 """
@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 from cache_helpers import L, SavePoint, make, toks
 from ledger import ptrie
 from ledger.psorted import CHUNK, PSorted
-from ledger.reclaim import walk_key
+from ledger.reclamation import (demotion_claims, index_batch, index_build, index_sync, pricing, ranked_device,
+                                ranked_host)
+from ledger.reclamation import index as V
+from ledger.reclamation.index import walk_key
 from victim_checks import order_matches_scratch, quotes_agree
-
-V = L.victims
 
 
 # -- the persistent structures ----------------------------------------------------------------
@@ -112,12 +113,12 @@ def test_wide_sharing_keeps_a_bound_and_quotes_match_reference():
     sim = make(main=256, slots=64, host=1 << 16)
     _prompt_family(sim, 14)
     vi = sim.cache.victims
-    wide = [hs for p in vi.big.values() for hs in p]
+    wide = [hs for p in vi.wide_groups.values() for hs in p]
     assert wide, "the system prompt's pages are held by more than BIG points"
     g = vi.groups[(L.MAIN_KV, wide[0])]
     item = g.items[0][1]
-    assert g.items[0][0] == ("n", V.WIDE) and item[3] == V.INF
-    assert item[0] == sum(vi.sl[c] for c in item[2]) > 0  # the bound: its points' own losses
+    assert g.items[0][0] == (V.NORMAL, V.WIDE) and item[3] == V.INF
+    assert item[0] == sum(vi.point_loss[c] for c in item[2]) > 0  # the bound: its points' own losses
     for step in range(8):
         _check(sim, step)
     used = sim.state.pool(L.MAIN_KV).spec.capacity - len(sim.state.pools[L.MAIN_KV].free)
@@ -149,9 +150,9 @@ def test_owners_beyond_the_soft_target_rank_as_normal_and_are_recorded():
     _adopted_owners(sim, 8, 190)  # 8 owners of 4 pages each: past 3/4 of 40 pages
     reuse = [r for r in sim.cache.records.values() if r.tier == L.Tier.REUSE]
     assert len(reuse) >= 4
-    cold = L.evidence.beyond_target_reference(sim.state, sim.cache)
+    cold = pricing.beyond_target_reference(sim.state, sim.cache)
     assert cold, "the reuse segment's footprint passed 3/4 of Main KV (HEAT-4)"
-    assert V.beyond_target(sim.cache.victims, sim.state)[0] == cold
+    assert index_build.beyond_target(sim.cache.victims, sim.state)[0] == cold
     ap = L.Applicant(L.ApplicantKind.NECESSARY)
     q = L.quote(sim.state, sim.cache, L.Gap(L.MAIN_KV, 3), ap)
     ref = L.quote_reference(sim.state, sim.cache, L.Gap(L.MAIN_KV, 3), ap)
@@ -161,7 +162,7 @@ def test_owners_beyond_the_soft_target_rank_as_normal_and_are_recorded():
         kind, key = owner
         ent = sim.cache.records.get(key) if kind == "rec" else sim.cache.shared.get(key)
         assert ent is None or ent.tier == L.Tier.NORMAL
-    assert not (set(sim.cache.victims.heat.owners.keys()) & cold)  # left the kept segment
+    assert not (set(sim.cache.victims.segment.owners.keys()) & cold)  # left the kept segment
     sim.drive_transaction()
     for step in range(6):
         _check(sim, step)
@@ -200,7 +201,7 @@ def test_leases_pins_and_writers_are_checked_when_taken_not_rekeyed():
 
 def test_a_new_point_rekeys_only_the_points_whose_fallback_moves():
     from ninfer_jax.bench import ledger_bench as B
-    from ledger.cache_edit import Edit
+    from ledger.reclamation.edit import Edit
 
     s, c, tokens = B._scale_state(600, 0)
     before = c.victims
@@ -235,23 +236,24 @@ def test_check_cache_notices_a_corrupted_order_or_footprint():
     L.check_cache(sim.state, sim.cache)
     corrupted = 0
     for pool, po in vi.orders.items():
-        for name in ("r", "dn", "dr"):
+        for name in ("reuse", "demote_normal", "demote_reuse"):
             order = getattr(po, name)
             if len(order):  # one entry lost from a stored order
                 bad = vi._replace(orders=vi.orders.set(pool, po._replace(**{name: order.remove(order.first())})))
                 with pytest.raises(L.IntegrityError, match="victim order"):
                     L.check_cache(sim.state, sim.cache._replace(victims=bad))
                 corrupted += 1
-        for bucket, order in po.n.items():
-            bad = vi._replace(orders=vi.orders.set(pool, po._replace(n=po.n.set(bucket, order.remove(order.first())))))
+        for bucket, order in po.normal.items():
+            bad = vi._replace(orders=vi.orders.set(pool, po._replace(
+                normal=po.normal.set(bucket, order.remove(order.first())))))
             with pytest.raises(L.IntegrityError, match="victim order"):
                 L.check_cache(sim.state, sim.cache._replace(victims=bad))
             corrupted += 1
     assert corrupted >= 3
-    owner, item = next(iter(vi.heat.owners.items()))
-    heat = vi.heat._replace(owners=vi.heat.owners.set(owner, item[:2] + (tuple(x + 1 for x in item[2]),)))
+    owner, item = next(iter(vi.segment.owners.items()))
+    heat = vi.segment._replace(owners=vi.segment.owners.set(owner, item[:2] + (tuple(x + 1 for x in item[2]),)))
     with pytest.raises(L.IntegrityError, match="reuse segment"):
-        L.check_cache(sim.state, sim.cache._replace(victims=vi._replace(heat=heat)))
+        L.check_cache(sim.state, sim.cache._replace(victims=vi._replace(segment=heat)))
 
 
 def test_shared_quote_facts_give_the_same_quotes():
@@ -289,7 +291,7 @@ def test_host_gap_with_a_full_arena_matches_reference():
                 m = shared.quote(gap, ap, protect)
                 assert (q.chosen, q.admitted, q.freed, q.cold) == (r.chosen, r.admitted, r.freed, r.cold)
                 assert (m.chosen, m.admitted, m.freed, m.loss, m.cold) == (r.chosen, r.admitted, r.freed, r.loss, r.cold)
-    assert shared.host.dups and shared.host.fits, "its Host holds duplicates, listed and tested once"
+    assert shared.host_memo.duplicates and shared.host_memo.fits, "its Host holds duplicates, listed and tested once"
     order_matches_scratch(s, c)
     quotes_agree(s, c, 3, 16)
 
@@ -312,13 +314,13 @@ def test_a_protected_widely_shared_page_makes_no_point_a_demotion_candidate(monk
         sim.apply(L.plan_reclaim(sim.state, sim.cache, q))
         sim.drive_transaction()
     _check(sim, 0)
-    vi = V.sync(sim.cache.victims, sim.state, sim.cache)
-    assert vi.wide, "the system prompt's pages are listed by more than BIG points"
-    listers = max(len(vi.walk[o]) for o in vi.wide)
+    vi = index_sync.sync(sim.cache.victims, sim.state, sim.cache)
+    assert vi.wide_objects, "the system prompt's pages are listed by more than BIG points"
+    listers = max(len(vi.listers[o]) for o in vi.wide_objects)
     assert listers > V.BIG
     tries = []
-    real = L.victim_select._Claims._try
-    monkeypatch.setattr(L.victim_select._Claims, "_try", lambda self, cid: tries.append(cid) or real(self, cid))
+    real = demotion_claims.DemotionClaims.claim
+    monkeypatch.setattr(demotion_claims.DemotionClaims, "claim", lambda self, cid: tries.append(cid) or real(self, cid))
     for amount in (1, 2):
         for ap in (L.Applicant(L.ApplicantKind.NECESSARY), L.Applicant(L.ApplicantKind.CAPTURE, budget=1000)):
             tries.clear()
@@ -352,24 +354,26 @@ def test_a_run_of_one_holder_change_equals_the_changes_one_by_one(monkeypatch):
     # issue 15: `hold_run` moves a context's pages between two holder-set groups at once; the
     # index it keeps must be exactly the one `hold`, page by page, keeps
     runs = []
-    real = V._Work.hold_run
+    real = index_batch.IndexBatch.hold_run
 
     def counted(self, oids, holder, sign, pools):
         runs.append(len(oids))
         return real(self, oids, holder, sign, pools)
 
-    monkeypatch.setattr(V._Work, "hold_run", counted)
+    monkeypatch.setattr(index_batch.IndexBatch, "hold_run", counted)
     batched = _families()
     assert max(runs) > 10 and len(runs) > 50
-    monkeypatch.setattr(V._Work, "hold_run",
+    monkeypatch.setattr(index_batch.IndexBatch, "hold_run",
                         lambda self, oids, h, s, pools: [self.hold(o, h, s, pools.get(o)) for o in oids])
     single = _families()
     for b, s in zip(batched, single):
         assert b.state.objects == s.state.objects
-        got, want = V.sync(b.cache.victims, b.state, b.cache), V.sync(s.cache.victims, s.state, s.cache)
-        assert not V.compare(got, want), V.compare(got, want)
-        assert (got.walk, got.wide, got.oh, got.dem, got.hlive) == (want.walk, want.wide, want.oh, want.dem, want.hlive)
-        assert any(len(w) > V.BIG for w in got.walk.values()) or b is single[1]
+        got, want = (index_sync.sync(b.cache.victims, b.state, b.cache),
+                     index_sync.sync(s.cache.victims, s.state, s.cache))
+        assert not index_build.compare(got, want), index_build.compare(got, want)
+        assert (got.listers, got.wide_objects, got.holder_sets, got.demotions, got.host_only) == (
+            want.listers, want.wide_objects, want.holder_sets, want.demotions, want.host_only)
+        assert any(len(w) > V.BIG for w in got.listers.values()) or b is single[1]
         order_matches_scratch(b.state, b.cache)
 
 
@@ -384,12 +388,12 @@ def test_host_quotes_on_one_state_share_their_evaluations_and_match_reference(mo
         _prompt_family(sim, 3, base=10 * i)
     state, cache = sim.state, sim.cache
     shared = L.quote_facts(state, cache)
-    hord = list(shared.vi.hord)
+    hord = list(shared.index.host_order)
     assert len(hord) >= 4 and state.arena.free_bytes < state.pool(L.STATE_POOL).spec.unit_bytes, \
         "the arena is full and holds Host-only entries"
     evaluated = []
-    real = L.victim_select._HostRanked._candidates
-    monkeypatch.setattr(L.victim_select._HostRanked, "_candidates",
+    real = ranked_host.HostRanked.candidates
+    monkeypatch.setattr(ranked_host.HostRanked, "candidates",
                         lambda self, sets: evaluated.append(sets) or real(self, sets))
     slot, page = (state.pool(p).spec.unit_bytes for p in (L.STATE_POOL, L.MAIN_KV))
     host_only = [o for o in state.objects.values()
@@ -414,7 +418,7 @@ def test_host_quotes_on_one_state_share_their_evaluations_and_match_reference(mo
                     assert all(item[1] >= 1 for item in hord) and not evaluated
                 if first is None and evaluated:
                     first = (gap, ap, protect, len(evaluated))
-    assert first is not None and shared.host.exact, "Host entries were evaluated through the memo"
+    assert first is not None and shared.host_memo.exact, "Host entries were evaluated through the memo"
     gap, ap, protect, n = first
     evaluated.clear()
     again = shared.quote(gap, ap._replace(ticket=9), protect)  # a new applicant: a new quote, the same entries
@@ -443,17 +447,17 @@ def test_rcl5_a_demotion_needing_host_victims_is_quoted_on_the_host_only_when_th
     state, cache = sim.state, sim.cache
     assert state.arena.free_bytes == 0
     asked = []
-    real = L.victim_select._host_quote
-    monkeypatch.setattr(L.victim_select, "_host_quote", lambda *a: asked.append(a[4]) or real(*a))
-    vi = V.sync(cache.victims, state, cache)
+    real = ranked_host.host_quote
+    monkeypatch.setattr(ranked_host, "host_quote", lambda *a: asked.append(a[4]) or real(*a))
+    vi = index_sync.sync(cache.victims, state, cache)
     seen_fewer = False
     for amount in (1, 2, 3, 6):
         for ap in (L.Applicant(L.ApplicantKind.NECESSARY), L.Applicant(L.ApplicantKind.CAPTURE, budget=1000)):
             gap = L.Gap(L.MAIN_KV, amount)
-            sel = L.victim_select._Select(state, cache, vi, gap, ap, frozenset(), frozenset(),
-                                          L.reclaim._Facts(state, cache), frozenset())
-            sel._prepare_pending()
-            few = len(sel._unquoted)
+            sel = ranked_device.DeviceRanked(state, cache, vi, gap, ap, frozenset(), frozenset(),
+                                             pricing.LossPricing(state, cache), frozenset())
+            sel.demotions.prepare_pending()
+            few = len(sel.demotions.unquoted)
             asked.clear()
             q = L.quote(state, cache, gap, ap)
             r = L.quote_reference(state, cache, gap, ap)

@@ -1,4 +1,4 @@
-"""Checks of the incremental victim order (ledger/victims.py) used by the cache property machines.
+"""Checks of the incremental victim order (ledger/reclamation/index*.py) used by the cache property machines.
 
 `order_matches_scratch`: the kept order and reuse footprint equal the ones ranked from first
 principles. `quotes_agree`: quotes taken through the order equal `quote_reference` (the full
@@ -11,7 +11,7 @@ with and without the applicant's own source protected).
 from __future__ import annotations
 
 import ledger as L
-from ledger import victims as vx
+from ledger.reclamation import index_build, index_keys, index_sync, pricing
 
 _APPLICANTS = [
     L.Applicant(L.ApplicantKind.NECESSARY),
@@ -33,28 +33,29 @@ def order_matches_scratch(state, cache) -> None:
     if vi is None:  # a cache no Edit has touched yet (the first Edit builds the order)
         assert not cache.checkpoints and not cache.waiters, "an edited cache keeps its victim order"
         return
-    kept = vx.sync(vi, state, cache)
-    errs = vx.compare(kept, vx.build(state, cache))
+    kept = index_sync.sync(vi, state, cache)
+    errs = index_build.compare(kept, index_build.build(state, cache))
     assert not errs, errs
     leads_match_scratch(kept, state, cache)
-    assert vx.beyond_target(kept, state)[0] == L.evidence.beyond_target_reference(state, cache)
+    assert index_build.beyond_target(kept, state)[0] == pricing.beyond_target_reference(state, cache)
 
 
 def leads_match_scratch(vi, state, cache) -> None:
     """RCL-6: each demotion candidate's `lead` (kept across versions, carried as a lower bound
     through demotions) is the number of its pages, in walk order, before its first Device-only
     one, counted here from the objects themselves."""
-    for (pool, cid) in vi.dem.keys():
+    for (pool, cid) in vi.demotions.keys():
         c = cache.checkpoints[cid]
         if state.pool(pool).spec.kind != L.KV_PAGES:
             continue
         want = 0
-        for oid in vx.pages_of(c, pool, L.KV_PAGES):
+        for oid in index_keys.pages_of(c, pool, L.KV_PAGES):
             o = state.objects[oid]
             if o.device is not None and o.host is None:
                 break
             want += 1
-        assert vx.lead(vi, c, pool) == want, f"point {cid} in {pool}: lead {vx.lead(vi, c, pool)} != {want}"
+        assert index_keys.lead(vi, c, pool) == want, \
+            f"point {cid} in {pool}: lead {index_keys.lead(vi, c, pool)} != {want}"
 
 
 def _cases(state, cache, n: int, start: int):

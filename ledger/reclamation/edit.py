@@ -1,23 +1,26 @@
-"""`Edit`: one policy operation's changes to the ledger (a `Chain` of primitive plans) and to
-the `CacheState`, closed together into a `CacheResult`.
-
-The engine commits `result.plan` through the Program and, when that succeeds, keeps
-`result.cache` as its new policy state; on `StalePlan` it drops both and plans again. A
-refusal anywhere returns the ledger's `Refusal` and changes neither (RES-2, SRC-4).
+"""The cache edit: one policy operation's changes to the ledger (a `Chain` of primitive plans) and to
+the `CacheState`, closed together into a `CacheResult`. Every change of records, shared entries,
+checkpoints and waiting references goes through `Edit`'s methods, which keep the fallback facts
+(RCL-5) and queue the victim index's changes (RCL-4, HEAT-4; index_sync.change), brought to the
+final replicas when the edit finishes. The engine commits `result.plan` through the Program and,
+when that succeeds, keeps `result.cache` as its new policy state; on `StalePlan` it drops both and
+plans again. A refusal anywhere returns the ledger's `Refusal` and changes neither (RES-2, SRC-4).
 """
 from __future__ import annotations
 
-from typing import Hashable, NamedTuple
+from typing import NamedTuple
 
 from ledger import prefix_index as px
-from ledger import victims as vx
 from ledger.cache_state import (CacheState, Checkpoint, ContinuationRecord, SharedEntry, Tier, WaitRef, dep_item,
                                 indexed, wait_holder)
-from ledger.psorted import PSorted
-from ledger.errors import InvalidRequest
 from ledger.chain import Chain
+from ledger.errors import InvalidRequest
 from ledger.objects import plan_add_holders, plan_drop_holders
 from ledger.plan import Plan
+from ledger.psorted import PSorted
+from ledger.reclamation.index_build import build
+from ledger.reclamation.index_sync import change, sync
+from ledger.reclamation.prefixes import aliases, deepest_prefix_cid
 from ledger.state import LedgerState
 
 
@@ -36,14 +39,14 @@ _KEPT = ("records", "shared", "checkpoints", "index", "waiters", "fallback", "de
 class Edit:
     """Every change of records, shared entries, checkpoints and waiting references goes through
     these methods, which keep the fallback facts (RCL-5) and the victim order (RCL-4, HEAT-4,
-    `ledger/victims.py`) current; `finish` brings the order to the final replicas."""
+    ledger/reclamation/index.py) current; `finish` brings the order to the final replicas."""
 
     __slots__ = ("chain", "cache", "base_cache", "outcome", "bulk")
 
     def __init__(self, state: LedgerState, cache: CacheState, *, bulk: bool = False):
         self.chain = Chain(state)
         if cache.victims is None and not bulk:
-            cache = cache._replace(victims=vx.build(state, cache))
+            cache = cache._replace(victims=build(state, cache))
         self.cache = cache
         self.base_cache = cache
         self.outcome: list = []
@@ -54,8 +57,7 @@ class Edit:
         if self.bulk:
             return
         c = self.cache
-        self.cache = c._replace(victims=vx.change(c.victims, c, holders=holders, cids=cids, owners=owners,
-                                                  pools=pools))
+        self.cache = c._replace(victims=change(c.victims, c, holders=holders, cids=cids, owners=owners, pools=pools))
 
     @property
     def state(self) -> LedgerState:
@@ -283,15 +285,10 @@ class Edit:
         plan = self.chain.finish(kind, note, victims)
         cache = self.cache
         if self.bulk:
-            cache = cache._replace(victims=vx.build(plan.result, cache))
+            cache = cache._replace(victims=build(plan.result, cache))
         elif cache.victims is not None:
-            cache = cache._replace(victims=vx.sync(cache.victims, plan.result, cache))  # the final replicas
+            cache = cache._replace(victims=sync(cache.victims, plan.result, cache))  # the final replicas
         return CacheResult(plan, cache, tuple(self.outcome))
-
-
-def holders_outside(state: LedgerState, oid: int, mine: Hashable) -> frozenset:
-    o = state.objects.get(oid)
-    return frozenset() if o is None else o.holders - {mine}
 
 
 def _order_edit(dord, a: int, points, sign: int):
@@ -302,37 +299,3 @@ def _order_edit(dord, a: int, points, sign: int):
     for d in points:
         o = o.add(dep_item(d)) if sign > 0 else o.remove(dep_item(d))
     return dord.set(a, o) if len(o) else (dord.delete(a) if a in dord else dord)
-
-
-def aliases(cache: CacheState, c: Checkpoint) -> list:
-    """Indexed checkpoints with exactly c's identity (c itself included when indexed): the
-    index files them under the same tokens; the whole identity is then compared (CKP-4)."""
-    ident = c.identity
-    cps = cache.checkpoints
-    out = []
-    for a in px.same(cache.index, ident):
-        d = cps.get(a)
-        if d is not None and (d.identity is ident or d.identity == ident):
-            out.append(a)
-    return out
-
-
-def deepest_prefix_cid(cache: CacheState, ident, exclude: int = 0, strict: bool = False) -> int:
-    """The deepest indexed checkpoint (not `exclude`) that is an exact prefix of `ident`
-    (with `strict`, strictly shorter): the index key narrows by digest, then tokens, media,
-    positions and execution are compared (CKP-4). Ties at one frontier: the lowest id. 0: root."""
-    cps = cache.checkpoints
-    toks, n = ident.tokens, len(ident.tokens)
-    lim = n - 1 if strict else n
-    for m, got in px.deepest(cache.index, ident, lim):  # deepest first: a verified hit beats shallower ones
-        best_cid = 0
-        for cid in got:
-            if cid == exclude or (best_cid and cid > best_cid):
-                continue
-            d = cps[cid].identity
-            if d.execution == ident.execution and d.tokens == toks[:m] and d.position_scheme == ident.position_scheme \
-                    and d.media == tuple(x for x in ident.media if x[0] < m):
-                best_cid = cid
-        if best_cid:
-            return best_cid
-    return 0

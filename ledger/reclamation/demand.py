@@ -1,27 +1,29 @@
-"""Demand evidence and tiers (HEAT-1..4, RD-9).
-
-- The demand summary keeps at most 256 items (`SUMMARY_ITEMS`) for save-opportunity
-  positions (RD-9): exact position key, frontier, the requests that really observed it, and
-  the time it became repeated demand. The least recently observed item is dropped when full.
-  It holds no State/KV and never counts as a hit (HEAT-3).
-- Observations come only from (a) a successful cross-request adoption of a non-zero source
-  (`observe_adoption`, HEAT-2) and (b) a new prefill commit crossing a candidate position,
-  once per request and position (`observe_prefill`, HEAT-2). Two different requests make
-  repeated demand even when no copy existed. Queries, waits, saves, migrations, completions
-  and a request's own Snapshot/Replay produce none (HEAT-3, WAIT-1).
-- `beyond_target` / `rebalance_tiers`: the reuse segment, newest real demand first, billed by
-  unique physical footprint per pool against 3/4 of the pool (HEAT-4, RD-5); older owners are
-  demoted to normal (a tier demotion, RD-4). A single newest owner may exceed the target. Tier
-  decides reclamation order only, so the segment is evaluated where reclamation looks at it (a
-  quote) instead of on every bind: a bind stays cheap however large the cache.
+"""Demand evidence and tiers (HEAT-1..4, RD-9), which reclamation prices content by. The demand
+summary keeps at most 256 items (`SUMMARY_ITEMS`) for save-opportunity positions (RD-9: exact
+position key, frontier, the requests that really observed it, the time it became repeated demand;
+the least recently observed item goes when full); it holds no State/KV and never counts as a hit
+(HEAT-3). Observations come only from a successful cross-request adoption of a non-zero source
+(`observe_adoption`, HEAT-2) and a new prefill commit crossing a candidate position, once per
+request and position (`observe_prefill`, HEAT-2); two different requests make repeated demand even
+when no copy existed, and queries, waits, saves, migrations, completions and a request's own
+Snapshot/Replay produce none (HEAT-3, WAIT-1). `beyond_target` / `rebalance_tiers`: the reuse
+segment, newest real demand first, billed by unique physical footprint per pool against 3/4 of
+the pool (HEAT-4, RD-5), older owners demoted to normal (a tier demotion, RD-4); a single newest
+owner may exceed the target. Tier decides reclamation order only, so the segment is evaluated
+where reclamation looks at it (a quote) instead of on every bind: a bind stays cheap however large
+the cache. Every tier or demand change re-keys the victim index (`index_sync.change`).
 """
 from __future__ import annotations
 
 from typing import Hashable, Iterable
 
-from ledger.cache_state import SOFT_TARGET, SUMMARY_ITEMS, ActiveUse, CacheState, SummaryItem, Tier
+from ledger import prefix_index as px
+from ledger.cache_state import SUMMARY_ITEMS, ActiveUse, CacheState, SummaryItem, Tier
 from ledger.identity import InputIdentity
-from ledger.state import HOST, LedgerState
+from ledger.reclamation.index_build import beyond_target as index_beyond_target
+from ledger.reclamation.index_sync import change, sync
+from ledger.reclamation.pricing import beyond_target_reference
+from ledger.state import LedgerState
 
 
 def position_key(ident: InputIdentity) -> tuple:
@@ -87,8 +89,6 @@ def observe_prefill(cache: CacheState, request: Hashable, ident: InputIdentity, 
 def _promote_points_at(cache: CacheState, ident: InputIdentity, now: int) -> CacheState:
     """A checkpoint already kept at a position that just became repeated demand carries that
     demand time as its own (RCL-9)."""
-    from ledger import prefix_index as px
-
     for cid in tuple(px.same(cache.index, ident)):
         c = cache.checkpoints[cid]
         if c.identity == ident:
@@ -119,9 +119,7 @@ def _rekey(cache: CacheState, owners) -> CacheState:
     """The victim order and reuse footprint follow the owners' new tier and demand (RCL-3/4, HEAT-4)."""
     if cache.victims is None:
         return cache
-    from ledger import victims as vx
-
-    return cache._replace(victims=vx.change(cache.victims, cache, owners=owners))
+    return cache._replace(victims=change(cache.victims, cache, owners=owners))
 
 
 def inherit_pair(record, source_frontier: int, now: int, *, consume: bool):
@@ -132,65 +130,17 @@ def inherit_pair(record, source_frontier: int, now: int, *, consume: bool):
     return record
 
 
-def footprint(state: LedgerState, cache: CacheState, owner: tuple) -> set:
-    kind, key = owner
-    if kind == "rec":
-        r = cache.records.get(key)
-        cids = r.points() if r is not None else ()
-    else:
-        e = cache.shared.get(key)
-        cids = (e.point,) if e is not None else ()
-    out = set()
-    for cid in cids:
-        out.update(cache.checkpoints[cid].object_ids())
-    return out
-
-
 def beyond_target(state: LedgerState, cache: CacheState) -> frozenset:
     """HEAT-4, RD-5: the reuse-tier owners that fall outside the reuse segment: walking owners
     newest real demand first and billing each one's unique physical footprint per pool (an
     object shared with newer owners is billed once), the first owner that would push a pool past
     3/4 of its capacity and every older one. The single newest owner may exceed the target.
 
-    Read from the cache's incrementally billed segment (ledger/victims.py: per-chunk footprint
-    sums, no walk); `beyond_target_reference` recomputes it."""
+    Read from the cache's incrementally billed segment (the victim index: per-chunk footprint
+    sums, no walk); `pricing.beyond_target_reference` recomputes it."""
     if cache.victims is not None:
-        from ledger import victims as vx
-
-        return vx.beyond_target(vx.sync(cache.victims, state, cache), state)[0]
+        return index_beyond_target(sync(cache.victims, state, cache), state)[0]
     return beyond_target_reference(state, cache)
-
-
-def beyond_target_reference(state: LedgerState, cache: CacheState) -> frozenset:
-    """`beyond_target` from first principles: sort the owners, walk and bill their footprints."""
-    owners = [(r.demand_time, ("rec", r.rid)) for r in cache.records.values() if r.tier == Tier.REUSE]
-    owners += [(e.demand_time, ("shared", e.sid)) for e in cache.shared.values() if e.tier == Tier.REUSE]
-    if not owners:
-        return frozenset()
-    owners.sort(key=lambda x: (-x[0], x[1]))
-    num, den = SOFT_TARGET
-    targets = {pid: p.spec.capacity * num // den for pid, p in state.pools.items()}
-    targets[HOST] = state.arena.capacity * num // den
-    used = dict.fromkeys(targets, 0)
-    billed: set = set()
-    objects = state.objects
-    for i, (_, owner) in enumerate(owners):
-        add = dict.fromkeys(targets, 0)
-        mine = footprint(state, cache, owner)
-        for oid in mine - billed:  # unique footprint, counted once
-            o = objects.get(oid)
-            if o is None:
-                continue
-            if o.device is not None:
-                add[o.pool] += 1
-            if o.host is not None:
-                add[HOST] += o.host.nbytes
-        if i > 0 and any(add[k] and used[k] + add[k] > targets[k] for k in targets):
-            return frozenset(o for _, o in owners[i:])  # from here on, older owners leave the segment
-        for k, n in add.items():
-            used[k] += n
-        billed |= mine
-    return frozenset()
 
 
 def demote_tiers(cache: CacheState, owners) -> CacheState:
