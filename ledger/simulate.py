@@ -1,36 +1,46 @@
-"""A model-free engine-side driver of the cache policy: the call order of docs/cache_policy.md.
+"""A model-free driver of the cache policy: the call order of docs/cache_policy.md, one request
+at a time, on a bare `LedgerState` of any pool geometry (`small_config`).
 
-Used by the tests, the replay harness (`python -m ninfer_jax.bench.cache_replay`) and the
-benchmark. One request at a time: admission -> source query -> bind (a bind transaction first
-when the source lies on Host) -> prefill in chunks split at the semantic frontiers, with a
-capture at each -> decode -> finish publishes E. Shortage is met by a reclamation quote for
+Used by the ledger's tests, the replay harness (`python -m ninfer_jax.bench.cache_replay`) and
+the benchmark. One request at a time: admission -> source query -> bind (a bind transaction
+first when the source lies on Host) -> prefill in chunks split at the semantic frontiers, with
+a capture at each -> decode -> finish publishes E. Shortage is met by a reclamation quote for
 the scarce pool (necessary execution, RCL-8) and the operation is planned again (RES-4).
 Every committed plan goes through `ledger.commit`; `check` runs check_cache after each.
+
+It schedules nothing: there is no queue, no lane, no permit and no preemption here, and every
+transaction is run to its end at once. The engine's scheduling cycle (ninfer_jax/engine/core.py,
+which the cost-model Program `ninfer_jax.sim.SimProgram` runs without model math) is the one
+scheduler; the steps both take the same way — save points and their captures, where a chunk
+ends, the typed reading of a bind's and a capture's outcome — are ledger/driver.py's.
 """
 from __future__ import annotations
 
 from typing import Hashable, NamedTuple, Sequence
 
 from ledger import commit
+from ledger import driver
 from ledger.bind import BindRequest, plan_bind, plan_bind_transfer
-from ledger.cache_edit import CacheResult
+from ledger.reclamation.edit import CacheResult
 from ledger.cache_integrity import check_cache
-from ledger.cache_state import CostModel, PointKind, empty_cache, seq_holder
-from ledger.capture import CaptureRequest, SequenceView, plan_capture, plan_clear, plan_publish_end
-from ledger.evidence import observe_prefill
+from ledger.cache_state import CostModel, InputKind, PointKind, empty_cache, seq_holder
+from ledger.capture import SequenceView, plan_capture, plan_clear, plan_publish_end
+from ledger.reclamation.demand import observe_prefill
 from ledger.identity import InputIdentity, identity_of
 from ledger.objects import plan_allocate, plan_drop_holders
 from ledger.plan import Plan, Refusal
-from ledger.reclaim import Applicant, ApplicantKind, Gap, gap_order, plan_reclaim, quote
+from ledger.reclamation import Applicant, ApplicantKind, Gap, gap_order, plan_reclaim, quote
 from ledger.sources import SourceQuery, query_sources
 from ledger.state import KV_PAGES, MAIN_KV, STATE_POOL, STATE_SLOTS, LedgerConfig, PoolSpec, initial_state
 from ledger.transactions import plan_complete, plan_publish, plan_submit
 
 
-class SavePoint(NamedTuple):
-    frontier: int
-    kind: str = PointKind.INPUT  # INPUT | ANCHOR | SHARED
-    input_kind: str = "ResponseReplay"
+def SavePoint(frontier: int, kind: str = PointKind.INPUT,  # noqa: N802 - the ledger tests' spelling of one type
+              input_kind: str = InputKind.RESPONSE_REPLAY) -> driver.SavePoint:
+    """The save point (`ledger.driver.SavePoint`, the engine's) of a capture of `kind` at
+    `frontier`: INPUT or ANCHOR a private point, SHARED a shared entry only (SH-1)."""
+    private = kind if kind in (PointKind.INPUT, PointKind.ANCHOR) else None
+    return driver.SavePoint(frontier, private, input_kind, shared=kind == PointKind.SHARED)
 
 
 class Outcome(NamedTuple):
@@ -139,8 +149,8 @@ class CacheSim:
             if isinstance(got, Refusal):
                 continue
             self.apply(got)
-            view = [o for o in got.outcome if o[0] == "view"][0]
-            return cand, SequenceView(request, ident.prefix(cand.frontier), view[1], view[2])
+            view = driver.bound_view(got)
+            return cand, SequenceView(request, ident.prefix(cand.frontier), view.state_object, view.kv)
         raise CapacityError(f"{request!r}: no source can be bound, not even root (RES-6)")
 
     def grow(self, view: SequenceView, ident: InputIdentity, upto: int) -> SequenceView:
@@ -166,7 +176,7 @@ class CacheSim:
             kv[pool] = tuple(pages)
         return view._replace(identity=ident.prefix(upto), kv=tuple(sorted(kv.items())))
 
-    def run(self, request, tokens: Sequence[int], saves: Sequence[SavePoint] = (), output: Sequence[int] = (),
+    def run(self, request, tokens: Sequence[int], saves: Sequence[driver.SavePoint] = (), output: Sequence[int] = (),
             session=None, cancel: bool = False) -> Outcome:
         ident = identity_of(tokens)
         cand, view = self.bind(request, ident, session)
@@ -180,27 +190,26 @@ class CacheSim:
     def _run_bound(self, request, tokens, ident, cand, box, saves, output, cancel) -> Outcome:
         view = box[0]
         n = len(tokens)
-        stops = sorted({s.frontier for s in saves if cand.frontier < s.frontier <= n} | {n})
+        splits = sorted({s.frontier for s in saves})
         captures = skipped = 0
         pos = cand.frontier
         cands = [s.frontier for s in saves]
         while pos < n:
-            nxt = min(pos + self.chunk, next(f for f in stops if f > pos))  # REC-8: split at frontiers
+            nxt = driver.chunk_end(pos, n, splits, self.chunk)  # REC-8: split at frontiers
             view = box[0] = self.grow(view, ident, nxt)
             self.cache = observe_prefill(self.cache, request, ident, pos, nxt, cands)  # HEAT-2
             pos = nxt
             for s in saves:
                 if s.frontier != pos:
                     continue
-                private = s.kind if s.kind in (PointKind.INPUT, PointKind.ANCHOR) else None
-                got = plan_capture(self.state, self.cache, CaptureRequest(view, private, s.input_kind,
-                                                                           shared=s.kind == PointKind.SHARED))
+                got = plan_capture(self.state, self.cache, driver.capture_request(view, s))
                 if isinstance(got, Refusal):
                     skipped += 1
                 else:
                     self.apply(got)
-                    captures += sum(1 for o in got.outcome if o[0] in ("private", "shared"))
-                    skipped += sum(1 for o in got.outcome if o[0].endswith("_skipped"))
+                    did = driver.captured(got)
+                    captures += did.kept
+                    skipped += did.skipped
         if output:
             full = identity_of(tuple(tokens) + tuple(output))
             # E sits at execution_frontier: the last sampled token is committed but not yet input (CKP-2).

@@ -24,6 +24,13 @@ flight across cycles and advances at the three SCH-9 points: the cycle's start, 
 admission before the execution choice, and after Control/Decode (engine/transactions.py).
 Every resource change is a ledger plan committed through the Program; the core keeps no
 occupancy ledger of its own.
+
+The core is split by concern: this file (intake, the cycle, admission, bindings, ends),
+engine/units.py (unit permits, chunking, settlement) and engine/execution.py (the Program's
+steps, sampling, streaming) are one class; its collaborators talk to it through Protocols it
+implements — `PreemptionHost` (engine/preempt.py) and `TransactionEvents`
+(engine/transactions.py) — and it reaches the Program through `ProgramContract`
+(engine/contract.py).
 """
 from __future__ import annotations
 
@@ -32,60 +39,36 @@ import itertools
 import queue
 import random
 import time
-from typing import Sequence
-
-import numpy as np
+from typing import Hashable, Sequence
 
 import ledger
 from ledger import Refusal
-from ninfer_jax.engine import sampling
+from ninfer_jax.engine.contract import ProgramContract
 from ninfer_jax.engine.detok import Detokenizer
-from ninfer_jax.engine.observe import latency_histograms
+from ninfer_jax.engine.execution import Execution
+from ninfer_jax.engine.intake import Call, Cancel, Message, Submit, check_submission
 from ninfer_jax.engine.integrity import check_engine
+from ninfer_jax.engine.observe import COUNTERS, latency_histograms
 from ninfer_jax.engine.preempt import Preemption
-from ninfer_jax.engine.request import DECODE, FINISHED, PAUSED, PREFILL, QUEUED, Request, RequestHandle
-from ninfer_jax.engine.reuse import ContextCache, SavePoint
+from ninfer_jax.engine.request import DECODE, FINISHED, PAUSED, PREFILL, QUEUED, Outbox, Request, RequestHandle
+from ninfer_jax.engine.reuse import Bound, ContextCache, SavePoint
 from ninfer_jax.engine.scheduler import WAIT, FreshQueue
-from ninfer_jax.engine.units import UnitPlanning
-from ninfer_jax.engine.types import SamplingParams, TokenDelta, check_prompt
+from ninfer_jax.engine.transactions import Pending, PendingKind, TransactionEnd
+from ninfer_jax.engine.types import SamplingParams, TokenDelta
+from ninfer_jax.engine.units import Turn, UnitPlanning
 from ninfer_jax.errors import CapacityError, QueueFullError, RequestError
-from ninfer_jax.program.program import DecodeRow
-
-PAGE = ledger.PAGE_TOKENS
 
 
-def check_submission(prompt: Sequence[int], vocab_size: int, max_context: int) -> tuple[int, ...]:
-    """A prompt's ids as the engine admits them (doctrine 3): `check_prompt` (non-empty, ints,
-    inside the vocabulary, within max_context) and room for one generated token (CFG-1). The one
-    rule behind `make_request` and the CLI's preflight (engine/preflight.py)."""
-    ids = check_prompt(prompt, vocab_size, max_context)
-    if len(ids) >= max_context:
-        raise RequestError(f"prompt: {len(ids)} tokens leave no room to generate within max_context={max_context}")
-    return ids
-
-COUNTERS = (
-    "requests_submitted", "requests_finished", "requests_cancelled", "requests_failed",
-    "prompt_tokens", "prefill_tokens", "replay_tokens", "reused_tokens", "cached_tokens",
-    "generated_tokens", "cache_hits", "h2d_bytes", "d2h_bytes",
-    "pauses_replay", "pauses_snapshot", "resumes_replay", "resumes_snapshot",
-    "snapshot_bytes", "snapshot_revocations", "snapshot_fallbacks", "recovery_permit_seconds",
-    "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
-    "captures", "captures_skipped", "reclaims", "reclaim_quotes", "full_hits", "waits",
-    "cache_queries", "cache_hits_private", "cache_hits_shared", "branch_points",
-    "spec_verify_units", "spec_drafted_tokens", "spec_accepted_tokens",
-)
-
-
-class EngineCore(UnitPlanning):
-    def __init__(self, program, decode_text=None, *, max_queue: int = 4096, max_context: int | None = None,
-                 pieces=None):
+class EngineCore(UnitPlanning, Execution):
+    def __init__(self, program: ProgramContract, decode_text=None, *, max_queue: int = 4096,
+                 max_context: int | None = None, pieces=None):
         self.program = program
         self.decode_text = decode_text  # ids -> text, or None (token ids only)
         self.pieces = pieces  # per-id bytes of decode_text when it is byte-level (detok's fast path)
         self.c = program.config.max_concurrency
         self.max_context = max_context or program.config.max_context
         self.max_queue = max_queue
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()  # from any thread (intake.py)
         self.fresh: FreshQueue[Request] = FreshQueue(self.c, lambda r: r.ticket)
         self.residents: list[Request] = []  # lane holders, kept in ticket order
         self.by_id: dict[str, Request] = {}
@@ -93,16 +76,16 @@ class EngineCore(UnitPlanning):
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
         self.histograms = latency_histograms()
         cache_cfg = program.config.context_cache
+        # events=self: the core hears of each end of the transaction in flight (SCH-9)
         self.reuse = ContextCache(program, self.counters, enabled=cache_cfg.enabled,
-                                  execution=program.execution_tag)
-        self.preempt = Preemption(self)
-        self.reuse.txns.core = self  # continuations and events of the transaction in flight (SCH-9)
+                                  execution=program.execution_tag, events=self)
+        self.preempt = Preemption(program, self.reuse, self.counters)
         self._last_turn = 0  # ticket of the last prefill turn (SCH-8 rotation)
         self.cycle_seconds = 0.0  # wall time in step(), for the overhead figure
         self.compute_seconds = 0.0  # wall time inside the Program's compiled steps (`_compute`)
         # Speculative decoding (issue 17): drafts per Verify unit, and how many were accepted at
         # each draft position.
-        self.spec_k = getattr(program, "speculative_tokens", 0)
+        self.spec_k = program.speculative_tokens
         self.spec_accepted_by_position = [0] * self.spec_k
 
     # ---- intake (any thread) ---------------------------------------------------------
@@ -121,13 +104,14 @@ class EngineCore(UnitPlanning):
         stop_ids = set(sp.stop_token_ids)
         if not sp.ignore_eos and not sp.forced_output:  # a forced output ends where it was recorded
             stop_ids |= set(self.program.eos_token_ids)
-        handle = RequestHandle(rid, cancel_fn)
+        outbox = Outbox()
+        handle = RequestHandle(rid, cancel_fn, outbox)
         if saves is None:  # a raw prompt: its input end is the recovery position P (REC-6)
             saves = (SavePoint(len(prompt)),)
         saves = tuple(sorted((s for s in saves if 0 < s.frontier <= len(prompt)), key=lambda s: s.frontier))
         splits = tuple(sorted({f for f in splits if 0 < f < len(prompt)} | {s.frontier for s in saves}))
         return Request(ticket=ticket, request_id=rid, prompt=prompt, sampling=sp, seed=seed,
-                       max_context=self.max_context, handle=handle,
+                       max_context=self.max_context, handle=handle, outbox=outbox,
                        detok=Detokenizer(self.decode_text, () if sp.forced_output else sp.stop, self.pieces),
                        stop_ids=frozenset(stop_ids),
                        saves=saves, splits=splits, session=session, t_submit=self.program.clock(), raw=raw)
@@ -155,21 +139,20 @@ class EngineCore(UnitPlanning):
     def _drain_inbox(self) -> None:
         while True:
             try:
-                kind, payload = self.inbox.get_nowait()
+                msg = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "submit":
-                self._accept(payload)
-            elif kind == "cancel":
-                req = self.by_id.get(payload)
+            if isinstance(msg, Submit):
+                self._accept(msg.request)
+            elif isinstance(msg, Cancel):
+                req = self.by_id.get(msg.request_id)
                 if req is not None and req.phase != FINISHED:
                     self._finish(req, "cancelled")
-            elif kind == "call":
-                fn, box = payload
+            elif isinstance(msg, Call):
                 try:
-                    box.put((True, fn()))
+                    msg.box.put((True, msg.fn()))
                 except BaseException as e:  # handed back to the caller's thread
-                    box.put((False, e))
+                    msg.box.put((False, e))
 
     def _accept(self, req: Request) -> None:
         self.counters["requests_submitted"] += 1
@@ -177,12 +160,12 @@ class EngineCore(UnitPlanning):
             self.counters["queue_full_errors"] += 1
             req.phase, req.finish_reason = FINISHED, "error"
             req.error = str(QueueFullError(f"the queue holds {self.max_queue} requests"))
-            req.handle._finish(req.completion())
+            req.outbox.finish(req.completion())
             return
         if req.request_id in self.by_id:  # cancel is by id: two live requests never share one
             req.phase, req.finish_reason = FINISHED, "error"
             req.error = f"request_id {req.request_id!r} is already in use by a running request"
-            req.handle._finish(req.completion())
+            req.outbox.finish(req.completion())
             return
         self.by_id[req.request_id] = req
         self.counters["prompt_tokens"] += len(req.prompt)
@@ -191,22 +174,22 @@ class EngineCore(UnitPlanning):
     def _cycle(self) -> None:
         txns = self.reuse.txns
         txns.advance()  # SCH-9: the cycle's start
-        self.preempt.maybe_recover()  # SCH-1: recovery first, on a real capacity event
+        self.preempt.maybe_recover(self)  # SCH-1: recovery first, on a real capacity event
         permits = self._resident_permits()
-        prefill = permits.get("prefill")
+        prefill = permits.prefill
         admitted = self._admit(take_prefill=prefill is None)
         prefill = prefill or admitted
         txns.advance()  # SCH-9: after admission, before the execution choice
-        decode_rows = [r for r in self.residents if r.phase == DECODE and r in permits["decode"]]
-        self._allocate(permits["decode"], prefill)
+        decode_rows = [r for r in self.residents if r.phase == DECODE and r in permits.decode]
+        self._allocate(permits.decode, prefill)
         ran = bool(decode_rows)
         if decode_rows:
             self._run_decode(decode_rows)
-        prefilled = prefill is not None and prefill[0].phase == PREFILL
+        prefilled = prefill is not None and prefill.request.phase == PREFILL
         if prefilled:
-            self._run_prefill(prefill[0])
+            self._run_prefill(prefill.request)
             ran = True
-        self._settle(permits["decode"], prefill)
+        self._settle(permits.decode, prefill)
         before = self.program.state.transaction
         txns.advance(idle=not ran)  # SCH-9: after Control/Decode (a cycle that ran nothing waits here)
         if not prefilled and before is not None and self.program.state.transaction is not before:
@@ -215,10 +198,10 @@ class EngineCore(UnitPlanning):
             turn = self._refreshed_prefill()
             if turn is not None:
                 self._allocate({}, turn)
-                self._run_prefill(turn[0])
+                self._run_prefill(turn.request)
                 self._settle({}, turn)
 
-    def _admit(self, take_prefill: bool = True):
+    def _admit(self, take_prefill: bool = True) -> Turn | None:
         """Fresh admission from the surplus (RES-3, SCH-2): each candidate asks the cache for
         sources and binds the best it can have. Returns the prefill turn if an admitted
         request takes it. Paused requests are not here: they recover by ticket (SCH-6)."""
@@ -233,7 +216,7 @@ class EngineCore(UnitPlanning):
                 # Quote again only when the cache's index changed since a failed try (SCH-3); a
                 # request already waiting keeps its reference until its bind (WAIT-3).
                 if not req.bound and req.wait_seen is not self.reuse.cache.index and not self.reuse.waiting(req.ticket):
-                    if not self.reuse.wait(req.ticket, self._identity(req, len(req.target)),
+                    if not self.reuse.wait(req.ticket, self.reuse.identity_at(req, len(req.target)),
                                            session=req.session, ticket=req.ticket):
                         req.wait_seen = self.reuse.cache.index
             return None
@@ -244,15 +227,15 @@ class EngineCore(UnitPlanning):
             if isinstance(bound, Refusal):
                 if (not self.residents and not len(self.preempt) and req is self.fresh.head()
                         and bound.reason == "shortfall" and not self.reuse.txns.busy):
-                    self._capacity_error(req, bound)  # nothing else holds or frees anything (RES-6)
+                    self.capacity_error(req, bound)  # nothing else holds or frees anything (RES-6)
                 if bound.reason == "waiting_release" and self.program.state.transaction is not None:
                     # SCH-2/3: the room it lacks comes with the copy in flight; its followers
                     # would wait for the same copy, so the scan resumes when that copy ends.
                     return WAIT
                 return False
-            self._bind(req, bound)
+            self.bind(req, bound)
             if req.phase == PREFILL and turn is None and take_prefill:
-                turn = (req, bound.permit)
+                turn = Turn(req, bound.permit)
                 self._last_turn = req.ticket
             elif bound.permit is not None and bound.permit in self.program.state.permits:
                 self._settle_permit(req, bound.permit)
@@ -264,17 +247,31 @@ class EngineCore(UnitPlanning):
     def _bind_fresh(self, req: Request, permit: int | None = None):
         # WAIT-2: fresh admission may revoke only younger waiters, never a pause snapshot.
         applicant = ledger.Applicant(ledger.ApplicantKind.NECESSARY, ticket=req.ticket, fresh=True)
-        return self.reuse.bind(req.ticket, self._identity(req, len(req.target)), session=req.session,
-                               unit_end=lambda f: self._unit_end(req, f), ticket=req.ticket,
+        return self.reuse.bind(req.ticket, self.reuse.identity_at(req, len(req.target)), session=req.session,
+                               unit_end=lambda f: self.unit_end(req, f), ticket=req.ticket,
                                resume=False, applicant=applicant, permit=permit)
 
-    def _transfer_bound(self, pending) -> None:
+    # ---- what the transaction in flight tells the core (TransactionEvents) ------------------
+    def transaction_ended(self, ended: TransactionEnd) -> None:
+        """SRC-5, SCH-10: a transaction that frees room or answers a waiter makes the queue look
+        again and is a capacity event (engine/preempt.py decides for whom); a published bind's
+        request binds now."""
+        if ended.frees:
+            self.fresh.dirty = True
+            self.preempt.transaction_ended(ended)
+        if ended.published and ended.pending is not None and ended.pending.kind == PendingKind.BIND:
+            self._transfer_bound(ended.pending)
+
+    def offload_failed(self, ticket: Hashable) -> None:
+        self.preempt.offload_failed(ticket)
+
+    def _transfer_bound(self, pending: Pending) -> None:
         """SCH-9: a bind transaction was published; its request binds now and joins the normal
         permit and capture flow (its first-unit permit is settled: it runs from the next cycle)."""
         if pending.resume:
             req = next((r for r in self.preempt.paused if r.ticket == pending.request), None)
             if req is not None:
-                self.preempt.resume_transferred(req, pending.permit)
+                self.preempt.resume_transferred(self, req, pending.permit)
             return
         req = next((r for r in self.fresh if r.ticket == pending.request), None)
         if req is None or self.free_lanes() <= 0:
@@ -284,11 +281,11 @@ class EngineCore(UnitPlanning):
             self.fresh.dirty = True  # it is admitted again by the scan
             return
         self.fresh.remove(req)
-        self._bind(req, bound)
+        self.bind(req, bound)
         if bound.permit is not None and bound.permit in self.program.state.permits:
             self._settle_permit(req, bound.permit)
 
-    def _bind(self, req: Request, bound) -> None:
+    def bind(self, req: Request, bound: Bound) -> None:
         """Adopt the binding the cache gave: lane, StateImage slot, the source's pages (seam of
         BIND-*); with the whole target covered and no token yet, it samples from the
         continuation hidden (an exact hit, or a recovery at its prompt end)."""
@@ -325,7 +322,7 @@ class EngineCore(UnitPlanning):
         known = self.reuse.known
         if known is None:
             return
-        blocks = self._identity(req, len(req.prompt)).blocks
+        blocks = self.reuse.identity_at(req, len(req.prompt)).blocks
         b = known.branch_point(blocks, len(req.prompt), bound)
         known.remember(blocks)
         if b is None or any(s.frontier == b for s in req.saves):
@@ -334,198 +331,6 @@ class EngineCore(UnitPlanning):
                                  key=lambda s: s.frontier))
         req.splits = tuple(sorted(set(req.splits) | {b}))
         self.counters["branch_points"] += 1
-
-    # ---- execution ---------------------------------------------------------------------
-    def _compute(self, step, *args):
-        """Run one Program step and count its compute: the Program's own `step_seconds` when it
-        keeps one (the compiled call until its logits are on the host; building the inputs is
-        control work), else the call's wall time (a cost-model or test Program)."""
-        before = getattr(self.program, "step_seconds", None)
-        t0 = time.perf_counter()
-        out = step(*args)
-        if before is None:
-            self.compute_seconds += time.perf_counter() - t0
-        else:
-            self.compute_seconds += self.program.step_seconds - before
-        return out
-
-    def _run_decode(self, rows: list[Request]) -> None:
-        if self.spec_k:
-            self._run_verify(rows)
-            return
-        # The rows' page lists are passed as they are (read during the call, never kept): a
-        # 45k-token context holds ~700 pages, copied for nothing every cycle otherwise.
-        logits = self._compute(self.program.decode, [DecodeRow(r.output[-1], r.fed, r.pages, r.slot) for r in rows])
-        self.counters["decode_steps"] += 1
-        plain = [sampling.plain_greedy(r.sampling) for r in rows]
-        picks = sampling.greedy_rows(logits[:len(rows)]) if any(plain) else None  # one argmax for the batch
-        now = self.program.clock()  # one step's tokens all appear at once
-        for i, r in enumerate(rows):
-            r.fed += 1
-            if r.fed > r.computed:
-                r.computed = r.fed
-            if plain[i]:  # chosen by the batch's argmax; its logits are not read again
-                self._sample(r, None, picks[i], now)
-            else:
-                self._sample(r, logits[i], None, now)
-
-    def _run_verify(self, rows: list[Request]) -> None:
-        """Speculative decode (issue 17): each row's Verify unit scores its token and its drafts
-        in one step; the emitted tokens are the target's own choices at each position (greedy:
-        the argmax; sampled: the draw of `sampling.sample` with the position's uniform; forced:
-        the recorded token), accepted drafts being those equal to that choice. This is the
-        standard speculative sampling for a deterministic drafter (accept d with probability
-        min(1, p(d)/q(d)) = p(d), else draw from the residual p without d), with the acceptance
-        uniform and the residual draw coupled through the one (seed, position) uniform: the
-        tokens are exactly those of decoding without drafts (doctrine 1), across batching,
-        reuse and pauses. The state is committed at the last token fed (CKP-2/3); a rejected
-        position leaves nothing that is ever read."""
-        wanted = [self._drafts(r) for r in rows]
-        logits, drafts = self._compute(self.program.spec_decode,
-                                       [DecodeRow(r.output[-1], r.fed, r.pages, r.slot, r.mtp_pages) for r in rows],
-                                       wanted)
-        self.counters["decode_steps"] += 1
-        now = self.program.clock()
-        keep, ends = [], []
-        for i, r in enumerate(rows):
-            choices = self._verified_choices(r, logits[i], drafts[i], wanted[i])
-            reason = None
-            fed = 0
-            for token, lp in choices:  # emitted in order; a finish drops the rest (never fed)
-                reason = self._emit(r, token, lp, now)
-                fed += 1
-                if reason is not None:
-                    break
-            accepted = min(fed, len(choices) - 1)  # drafts among the emitted tokens
-            self.counters["spec_verify_units"] += 1
-            self.counters["spec_drafted_tokens"] += wanted[i]
-            self.counters["spec_accepted_tokens"] += accepted
-            for j in range(accepted):
-                self.spec_accepted_by_position[j] += 1
-            keep.append(fed - 1)  # positions n .. n+fed-1 were fed: the state after n+fed-1 is kept
-            ends.append((r, fed, reason))
-        self._compute(self.program.spec_commit, keep)
-        for r, fed, reason in ends:
-            r.fed += fed
-            if r.fed > r.computed:
-                r.computed = r.fed
-            if reason is not None:
-                self._finish(r, reason)
-
-    def _verified_choices(self, req: Request, logits, drafts, wanted: int) -> list:
-        """(token, logprob entry) of each position the Verify unit decides: the target's choice at
-        positions n+1.., up to and including the first that differs from its draft (or the bonus
-        token after `wanted` accepted drafts)."""
-        sp = req.sampling
-        out = list(req.output)
-        base = len(req.prompt)
-        choices = []
-        for j in range(wanted + 1):
-            lp = None
-            if sp.forced_output:
-                token = sp.forced_output[len(out)]
-                if sp.logprobs:
-                    lp = sampling.logprob_of(logits[j], sp, token, req.prompt, out)
-            elif sampling.plain_greedy(sp):
-                token = int(np.argmax(np.asarray(logits[j], np.float32)))
-            else:
-                token, lp = sampling.sample(logits[j], sp, req.seed, base + len(out), req.prompt, out)
-            choices.append((token, lp))
-            out.append(token)
-            if j == wanted or token != int(drafts[j]):
-                break
-        return choices
-
-    def _run_prefill(self, req: Request) -> None:
-        n = self._chunk(req)
-        tokens = req.target[req.fed:req.fed + n]
-        logits = self._compute(self.program.prefill, tokens, req.fed, req.pages, req.slot,
-                               *((req.mtp_pages,) if self.spec_k else ()))
-        self.counters["prefill_chunks"] += 1
-        replay = req.replaying
-        # OBS-1: recomputing what was computed before a pause is Replay; the rest is prefill.
-        self.counters["replay_tokens" if replay else "prefill_tokens"] += n
-        lo = req.fed
-        req.fed += n
-        req.computed = max(req.computed, req.fed)
-        if not replay:
-            self.preempt.end_recovery(req)  # RES-5: a new prefill commit is real new progress
-            self._after_prefill(req, lo)
-        if req.fed < len(req.target):
-            return
-        req.phase = DECODE
-        if not req.output:
-            self._sample(req, logits)  # the prompt's end: its first token
-        # else the binding is rebuilt; the pending token is decoded next (PAUSE-5)
-
-    def _identity(self, req: Request, n: int):
-        """The identity of the request's first `n` tokens (prompt, then output), hashed once per
-        output length rather than at every chunk and capture; prefixes share its digests."""
-        total = len(req.prompt) + len(req.output)
-        if req.ident is None or len(req.ident.tokens) != total:
-            req.ident = self.reuse.identity(req.prompt + tuple(req.output), req.ident)
-        return req.ident.prefix(n)
-
-    def view(self, req: Request):
-        return self.reuse.view(req.ticket, self._identity(req, req.fed), req.slot_object, req.page_objects,
-                               req.mtp_page_objects)
-
-    def _after_prefill(self, req: Request, lo: int) -> None:
-        """Report compute demand (HEAT-2) and capture at the semantic frontier the chunk ended
-        on (SAVE-1); a capture that cannot be admitted is skipped, never blocking (SAVE-5)."""
-        frontiers = [s.frontier for s in req.saves]
-        self.reuse.observe(req.ticket, self._identity(req, len(req.target)), lo, req.fed, frontiers)
-        for save in req.saves:
-            if save.frontier == req.fed:
-                self.reuse.capture(self.view(req), save)
-
-    def _sample(self, req: Request, logits, token: int | None = None, now: float | None = None) -> None:
-        """Commit the row's next token: `token` when the batch already chose it (plain greedy
-        rows share one argmax), else drawn from `logits` here. `now`: the batch's clock."""
-        lp = None
-        sp = req.sampling
-        output = req.output
-        if sp.forced_output:  # replay of a recorded output: the same decode path, no draw
-            token = sp.forced_output[len(output)]
-            lp = sampling.logprob_of(logits, sp, token, req.prompt, output) if sp.logprobs else None
-        elif token is None:
-            position = len(req.prompt) + len(output)
-            token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output)
-        reason = self._emit(req, token, lp, now)
-        if reason is not None:
-            self._finish(req, reason)
-
-    def _emit(self, req: Request, token: int, lp, now: float | None = None) -> str | None:
-        """Append a chosen token to the output and stream it; returns the finish reason it
-        causes ("stop", "length") or None. The caller finishes the request."""
-        if req.recovery_permit is not None:
-            self.preempt.end_recovery(req)  # RES-5: a generated token is real new progress
-        sp = req.sampling
-        output = req.output
-        if now is None:
-            now = self.program.clock()
-        if req.t_first_token is None:
-            req.t_first_token = now
-            self.histograms["time_to_first_token_seconds"].observe(now - req.t_submit)
-        else:
-            gap = now - req.t_last_token
-            if gap > req.max_gap:
-                req.max_gap = gap
-            self.histograms["inter_token_seconds"].observe(gap)
-        req.t_last_token = now
-        output.append(token)
-        self.counters["generated_tokens"] += 1
-        if lp is not None:
-            req.logprobs.append(lp)
-        detok = req.detok
-        text = detok.push(token)
-        req.handle._push(TokenDelta((token,), text, (lp,) if lp is not None else ()))
-        n = len(output)
-        if detok.stopped or token in req.stop_ids or n == len(sp.forced_output) > 0:
-            return "stop"
-        if n >= sp.max_tokens or len(req.prompt) + n >= req.max_context:
-            return "length"
-        return None
 
     # ---- ends and errors ---------------------------------------------------------------
     def _release(self, req: Request, publish: bool = False) -> None:
@@ -536,20 +341,20 @@ class EngineCore(UnitPlanning):
         self.preempt.end_recovery(req)
         if req.bound:
             if req.slot_object is not None:
-                self.reuse.end(self.view(req), publish=publish)
+                self.reuse.end(self.reuse.view_of(req), publish=publish)
             else:  # paused: bound to its record, no view (PAUSE-1); its snapshot goes
                 self.reuse.end_paused(req.ticket)
             req.bound = False
-        self._drop_permits(req)
-        self._unbind(req)
+        self.vacate(req)
         self.preempt.event = True  # SCH-10: a finish or cancel is a capacity event
 
-    def _drop_permits(self, req: Request) -> None:
+    def vacate(self, req: Request) -> None:
+        """Settle every permit the request holds and drop its lane binding (pages, slot,
+        frontier): it is resident no more. Its objects were released before, with its view
+        (an end, a pause)."""
         for pid, permit in list(self.program.state.permits.items()):
             if permit.owner == req.key:
                 self._settle_permit(req, pid)
-
-    def _unbind(self, req: Request) -> None:
         req.pages, req.page_objects, req.slot, req.slot_object = [], [], None, None
         req.mtp_pages, req.mtp_page_objects = [], []
         req.fed = 0
@@ -557,13 +362,20 @@ class EngineCore(UnitPlanning):
             self.residents.remove(req)
         self.fresh.dirty = True
 
-    def _capacity_error(self, req: Request, refusal) -> None:
+    def capacity_error(self, req: Request, refusal: Refusal) -> None:
+        """RES-6: the request cannot obtain a legal unit even alone: it ends with the error."""
         self.counters["capacity_errors"] += 1
-        detail = getattr(refusal, "shortfall", None)
+        detail = refusal.shortfall
         req.error = str(CapacityError(
             f"request {req.request_id} cannot obtain a legal unit even alone "
-            f"(RES-6; shortfall {detail.pools if detail else getattr(refusal, 'detail', refusal)})"))
+            f"(RES-6; shortfall {detail.pools if detail else refusal.detail})"))
         self._finish(req, "error")
+
+    def finish(self, req: Request, reason: str) -> None:
+        """End a live request now ("cancelled", "error", ...), releasing what it holds: for the
+        engine's close and its failure cleanup (engine/failure.py). `_finish` is the one
+        implementation (tests replace it to stand for a broken ledger)."""
+        self._finish(req, reason)
 
     def _finish(self, req: Request, reason: str) -> None:
         if req.phase == QUEUED:
@@ -582,9 +394,9 @@ class EngineCore(UnitPlanning):
             self.counters["requests_finished"] += 1
         tail = req.detok.flush() if reason in ("length", "cancelled") else ""
         if tail:
-            req.handle._push(TokenDelta((), tail))
+            req.outbox.push(TokenDelta((), tail))
         self.by_id.pop(req.request_id, None)
-        req.handle._finish(req.completion())
+        req.outbox.finish(req.completion())
 
     # ---- pauses, integrity ---------------------------------------------------------------
     def pause(self, request_id: str, route: str | None = None) -> bool:
@@ -594,7 +406,7 @@ class EngineCore(UnitPlanning):
         req = self.by_id.get(request_id)
         if req is None or req not in self.residents:
             return False
-        self.preempt.pause(req, route)
+        self.preempt.pause(self, req, route)
         return True
 
     def check_integrity(self) -> None:

@@ -27,6 +27,9 @@ from typing import Sequence
 from ninfer_jax.config import EngineConfig
 from ninfer_jax.engine.core import EngineCore
 from ninfer_jax.engine.failure import end_pending, fail_all
+# Request-side rules shared with the CLI's preflight (engine/preflight.py), which applies them
+# before any weight is loaded; the engine applies them again at submission.
+from ninfer_jax.engine.intake import chat_frontend, load_tokenizer, message, prompt_ids
 from ninfer_jax.engine.observe import occupancy
 import ledger
 from ledger import PointKind
@@ -53,45 +56,6 @@ def saves_of(rendered) -> list[SavePoint]:
         else:
             out[m.frontier] = prev._replace(shared=True, explicit=explicit or (prev.shared and prev.explicit))
     return [out[f] for f in sorted(out)]
-
-
-# Request-side rules shared with the CLI's preflight (engine/preflight.py), which applies them
-# before any weight is loaded; the engine applies them again at submission.
-def load_tokenizer(model: str):
-    """The model's tokenizer: the built-in one, or the folder's tokenizer.json; None when the
-    folder ships none (the engine then takes token ids only)."""
-    import os
-
-    from ninfer_jax.frontend.tokenizer import Tokenizer
-
-    if model.startswith("builtin:") or os.path.exists(os.path.join(model, "tokenizer.json")):
-        return Tokenizer.load(model)
-    return None  # token ids only
-
-
-def prompt_ids(prompt, tokenizer, model: str) -> list[int]:
-    """A raw prompt (text, or a sequence of token ids) as token ids; RequestError for text
-    without a tokenizer or something that is neither."""
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise RequestError(f"{model} ships no tokenizer: pass token ids")
-        return tokenizer.encode(prompt)
-    if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:
-        return list(prompt)  # plain ints already (a long prompt: no per-id conversion)
-    try:
-        return [int(t) if not isinstance(t, bool) else t for t in prompt]
-    except (TypeError, ValueError):
-        raise RequestError("prompt: expected text or a sequence of token ids") from None
-
-
-def chat_frontend(tokenizer, config: EngineConfig):
-    """The chat frontend requests are rendered with (input limited to max_context - 1 tokens);
-    RequestError when the model ships no tokenizer."""
-    if tokenizer is None:
-        raise RequestError(f"{config.model} ships no tokenizer: chat needs one")
-    from ninfer_jax.frontend import ChatFrontend
-
-    return ChatFrontend(tokenizer, max_input_tokens=config.max_context - 1)
 
 
 class Engine:
@@ -183,7 +147,8 @@ class Engine:
         return EngineClosedError("the engine is closed")
 
     def _post(self, kind: str, payload) -> None:
-        self.core.inbox.put((kind, payload))
+        """Post "submit" / "cancel" / "call" to the core's inbox (engine/intake.py) and wake the loop."""
+        self.core.inbox.put(message(kind, payload))
         self._wake.set()
 
     def _call(self, fn):
@@ -343,12 +308,12 @@ class Engine:
         return out
 
     def model_info(self) -> dict:
-        cfg = getattr(self.program, "model", None)
-        mc = cfg.config if cfg is not None else None
+        model = self.program.model  # None for the cost-model Program (engine/contract.py)
+        mc = model.config if model is not None else None
         return {"name": self.config.model, "model_type": mc.model_type if mc else "sim",
                 "vocab_size": self.program.vocab_size, "max_context": self.config.max_context,
                 "max_concurrency": self.config.max_concurrency,
-                "dtype": getattr(self.program, "dtype", self.config.dtype),
+                "dtype": self.program.dtype,
                 "eos_token_ids": list(self.program.eos_token_ids), "kv_pages": self.program.capacity.kv_pages,
                 "state_slots": self.program.capacity.state_slots}
 
@@ -368,7 +333,7 @@ class Engine:
 
         def cancel_all():
             for req in list(self.core.by_id.values()):
-                self.core._finish(req, "cancelled")
+                self.core.finish(req, "cancelled")
 
         with self._close_lock:
             with self._intake:

@@ -5,14 +5,15 @@ An exception out of `EngineCore.step()` (a bug, or a device error in a compiled 
 core in an unknown state: the pools are donated buffers that a failed step may have invalidated,
 and a plan may be half committed. Nothing is retried. `fail_all` ends every live request —
 queued, resident, paused, or still in the inbox — with finish_reason "error" and the
-`EngineFailure` message, releasing what each held through the normal `_finish` where that still
-works and finishing its handle directly where it does not, so no caller ever blocks. The engine
+`EngineFailure` message, releasing what each held through the core's normal `finish` where that
+still works and finishing its handle directly where it does not, so no caller ever blocks. The engine
 then stays closed (engine.py).
 """
 from __future__ import annotations
 
 import queue
 
+from ninfer_jax.engine.intake import Call, Submit
 from ninfer_jax.engine.request import FINISHED
 
 
@@ -22,13 +23,13 @@ def take_inbox(core, refusal: BaseException) -> list:
     pending = []
     while True:
         try:
-            kind, payload = core.inbox.get_nowait()
+            msg = core.inbox.get_nowait()
         except queue.Empty:
             return pending
-        if kind == "submit":
-            pending.append(payload)
-        elif kind == "call":
-            payload[1].put((False, refusal))
+        if isinstance(msg, Submit):
+            pending.append(msg.request)
+        elif isinstance(msg, Call):
+            msg.box.put((False, refusal))
 
 
 def end_directly(core, req, reason: str, error: str | None) -> None:
@@ -40,12 +41,12 @@ def end_directly(core, req, reason: str, error: str | None) -> None:
             forget()
         except Exception:  # noqa: BLE001 - not there, or the structure is what broke
             pass
-    if req.phase != FINISHED:  # `_finish` counts once it set FINISHED
+    if req.phase != FINISHED:  # `finish` counts once it set FINISHED
         core.counters["requests_failed" if reason == "error" else "requests_" + reason] += 1
     req.phase, req.finish_reason, req.error = FINISHED, reason, error
     core.by_id.pop(req.request_id, None)
-    if not req.handle.done():
-        req.handle._finish(req.completion())
+    if not req.outbox.done():
+        req.outbox.finish(req.completion())
 
 
 def end_pending(core, reason: str, error: str | None, refusal: BaseException) -> int:
@@ -66,7 +67,7 @@ def fail_all(core, failure: BaseException, refusal: BaseException) -> int:
     for req in live:
         req.error = message
         try:
-            core._finish(req, "error")  # releases what it held; counts requests_failed
+            core.finish(req, "error")  # releases what it held; counts requests_failed
         except BaseException:  # noqa: BLE001 - the state is untrusted: finish it without the ledger
             end_directly(core, req, "error", message)
     return len(live) + end_pending(core, "error", message, refusal)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 
 import ledger
+from ninfer_jax.engine.request import PAUSED
+from ninfer_jax.engine.transactions import PendingKind
 
 PAGE = ledger.PAGE_TOKENS
 
@@ -65,23 +67,23 @@ def check_engine(core) -> None:
     if len(core.residents) + txns.reserved_lanes() > core.c:
         raise err(f"{len(core.residents)} residents and {txns.reserved_lanes()} binds in flight for {core.c} lanes")
     # TXN-1/2: what waits for the transaction is still there, where it waits.
-    pending = txns._live()
+    pending = txns.live()
     if pending is not None and pending.request is not None:
         where = {r.ticket: "queued" for r in core.fresh}
         where.update({r.ticket: "paused" for r in core.preempt.paused})
-        want = "paused" if pending.kind == "pause" or pending.resume else "queued"
+        want = "paused" if pending.kind == PendingKind.PAUSE or pending.resume else "queued"
         if where.get(pending.request) != want:
             raise err(f"transaction {txn.generation} ({pending.kind}) waits for request {pending.request}, which is "
                       f"{where.get(pending.request, 'gone')}, not {want}")
     paused_tickets = {r.ticket for r in core.preempt.paused}
-    for ticket, snap, _ in txns.offloads:
-        if ticket not in paused_tickets:
-            raise err(f"a deferred offload for request {ticket}, which is not paused")
+    for offload in txns.offloads:
+        if offload.ticket not in paused_tickets:
+            raise err(f"a deferred offload for request {offload.ticket}, which is not paused")
     paused = {r.ticket for r in core.preempt.paused}
     for r in core.preempt.paused:
         if r.bound is False or r.ticket not in core.reuse.cache.active or r in core.residents:
             raise err(f"paused {r.request_id} must be bound to its record and hold no lane")
-        if r.phase != "paused" or r.key in held:
+        if r.phase != PAUSED or r.key in held:
             raise err(f"paused {r.request_id} holds a writable view (phase {r.phase})")
     queued = {r.ticket for r in core.fresh}
     if paused & queued:

@@ -1,4 +1,8 @@
-"""What the engine reports beyond its counters: latency histograms and pool occupancy.
+"""What the engine reports: its counters, latency histograms and pool occupancy.
+
+`COUNTERS` are the OBS-1 counters the core keeps (`EngineCore.counters`, all present from the
+start, at zero): requests, tokens by kind, hits, transfers, pauses and resumes by route,
+captures, reclamations, speculative decoding.
 
 Latency histograms (OBS-1..4): time to first token, the gap between output tokens, end to end
 and time in the queue, observed on the Program's clock as events happen.
@@ -13,6 +17,18 @@ from __future__ import annotations
 import bisect
 
 import ledger
+
+COUNTERS = (
+    "requests_submitted", "requests_finished", "requests_cancelled", "requests_failed",
+    "prompt_tokens", "prefill_tokens", "replay_tokens", "reused_tokens", "cached_tokens",
+    "generated_tokens", "cache_hits", "h2d_bytes", "d2h_bytes",
+    "pauses_replay", "pauses_snapshot", "resumes_replay", "resumes_snapshot",
+    "snapshot_bytes", "snapshot_revocations", "snapshot_fallbacks", "recovery_permit_seconds",
+    "capacity_errors", "queue_full_errors", "cycles", "decode_steps", "prefill_chunks",
+    "captures", "captures_skipped", "reclaims", "reclaim_quotes", "full_hits", "waits",
+    "cache_queries", "cache_hits_private", "cache_hits_shared", "branch_points",
+    "spec_verify_units", "spec_drafted_tokens", "spec_accepted_tokens",
+)
 
 # Seconds: from a fast decode step on a GPU to a long prefill queue on a busy CPU.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

@@ -25,22 +25,64 @@ old frontier and the first real new unit (RES-5, RD-7); the Program holds it acr
 chunks, and it ends only on real new progress — a new prefill commit, a generated token, or a
 terminal state — which the engine reads through `recovery_pending` (SCH-7). While it is held,
 optional captures are skipped (RD-1, in the ledger) and its holder is never preempted (SCH-5).
+
+What this needs from the scheduling core is `PreemptionHost` (EngineCore implements it), handed
+to the calls that act on residents (`pause`, `maybe_recover`, `resume_transferred`); the
+Program, the cache policy and the counters are its own collaborators.
 """
 from __future__ import annotations
 
 import bisect
+import enum
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import ledger
 from ninfer_jax.engine.request import PAUSED, Request
-from ninfer_jax.engine.transactions import WAIT_REASONS
+from ninfer_jax.engine.transactions import WAIT_REASONS, PendingKind, TransactionEnd
 
-SNAPSHOT, REPLAY = "snapshot", "replay"
+if TYPE_CHECKING:
+    from ninfer_jax.engine.contract import ProgramContract
+    from ninfer_jax.engine.reuse import Bound, ContextCache
+
+
+class Route(enum.StrEnum):
+    """How a paused request keeps what it had computed (PAUSE-2)."""
+
+    SNAPSHOT = "snapshot"
+    REPLAY = "replay"
+
+
+SNAPSHOT, REPLAY = Route.SNAPSHOT, Route.REPLAY
+
+
+class PreemptionHost(Protocol):
+    """What preemption needs from the scheduling core (EngineCore implements it)."""
+
+    @property
+    def residents(self) -> list[Request]:
+        """Lane holders, in ticket order."""
+
+    def free_lanes(self) -> int: ...
+
+    def unit_end(self, req: Request, at: int) -> int:
+        """RD-7: where the unit starting at `at` reaches."""
+
+    def bind(self, req: Request, bound: Bound) -> None:
+        """Adopt the binding the cache gave: the request becomes resident."""
+
+    def vacate(self, req: Request) -> None:
+        """Settle every permit the request holds and give its lane and units up."""
+
+    def capacity_error(self, req: Request, refusal: ledger.Refusal) -> None:
+        """RES-6: end the request with the capacity contract error."""
 
 
 class Preemption:
-    def __init__(self, core):
-        self.core = core
-        self.route = core.program.config.pause_route
+    def __init__(self, program: ProgramContract, reuse: ContextCache, counters):
+        self.program = program
+        self.reuse = reuse
+        self.counters = counters
+        self.route = program.config.pause_route
         self.paused: list[Request] = []  # by original ticket (SCH-6)
         self._tickets: list[int] = []
         self.event = False  # a real capacity event since the last recovery attempt (SCH-10)
@@ -50,25 +92,35 @@ class Preemption:
     @property
     def recovery_pending(self) -> bool:
         """SCH-7: the Program still holds the recovery permit."""
-        return self.core.program.state.recovery_permit is not None
+        return self.program.state.recovery_permit is not None
 
     def __len__(self) -> int:
         return len(self.paused)
 
-    def pausable(self, exclude=()) -> list[Request]:
+    def pausable(self, residents: Sequence[Request], exclude=()) -> list[Request]:
         """Residents that may be preempted, youngest first: never the recovery permit's holder
         (SCH-5; a request whose bind is still in flight is not resident yet, so it is never
         preempted while it materialises)."""
-        return [r for r in reversed(self.core.residents) if r is not self.holder and r not in exclude]
+        return [r for r in reversed(residents) if r is not self.holder and r not in exclude]
+
+    def transaction_ended(self, ended: TransactionEnd) -> None:
+        """SCH-10: a transaction's end that frees room is a capacity event for the oldest paused
+        request — but a pause's own offload is not one for the request it paused."""
+        pending = ended.pending
+        own = pending is not None and pending.kind == PendingKind.PAUSE
+        older = self.paused and pending is not None and pending.request is not None and \
+            self.paused[0].ticket < pending.request
+        if ended.waiters or not own or older:
+            self.event = True
 
     # ---- pause ---------------------------------------------------------------------------
-    def choose_route(self, req: Request) -> str:
+    def choose_route(self, req: Request) -> Route:
         """PAUSE-2 / SRC-3: the configured route, or for "auto" the cheaper of copying the
         unique content out and back against recomputing beyond the best cached source."""
         if self.route != "auto":
-            return self.route
-        core = self.core
-        state = core.program.state
+            return Route(self.route)
+        reuse = self.reuse
+        state = self.program.state
         if state.arena.capacity == 0 or req.fed == 0:
             return REPLAY
         nbytes = 0
@@ -76,36 +128,35 @@ class Preemption:
             o = state.objects[oid]
             if o.host is None and not any(h[0] == "seq" and h != req.key for h in o.holders):
                 nbytes += o.device.nbytes
-        best = ledger.query_sources(state, core.reuse.cache, ledger.SourceQuery(
-            req.ticket, core._identity(req, req.fed)), core.reuse.cost)[0]
+        best = ledger.query_sources(state, reuse.cache, ledger.SourceQuery(
+            req.ticket, reuse.identity_at(req, req.fed)), reuse.cost)[0]
         # SRC-3: the calibrated prices: the copy out (D2H) and back (H2D) against recomputing
         # what lies beyond the best cached source; the route changes time, never the tokens.
-        rates = core.reuse.rates
+        rates = reuse.rates
         return SNAPSHOT if rates.copy_out_and_back_s(nbytes) < rates.recompute_s(req.fed - best.frontier) else REPLAY
 
-    def pause(self, req: Request, route: str | None = None) -> None:
+    def pause(self, host: PreemptionHost, req: Request, route: str | None = None) -> None:
         """Pause a resident by Snapshot or Replay (G-5, PAUSE-1..4). The view is released,
         every permit it held is settled, and its lane is free."""
-        core = self.core
+        reuse = self.reuse
         route = route or self.choose_route(req)
         if req is self.holder:
             self.end_recovery(req)  # only an explicit pause reaches the holder (SCH-5)
         req.computed = max(req.computed, req.fed)
-        snap = core.reuse.pause(core.view(req), snapshot=route == SNAPSHOT and req.fed > 0)
+        snap = reuse.pause(reuse.view_of(req), snapshot=route == SNAPSHOT and req.fed > 0)
         route = REPLAY
         if snap is not None:
-            pub = core.reuse.cache.active[req.ticket].publication_order
-            copied = core.reuse.offload(req.ticket, snap, publication=pub)
+            pub = reuse.cache.active[req.ticket].publication_order
+            copied = reuse.offload(req.ticket, snap, publication=pub)
             if copied is None:  # PAUSE-3: no room on Host: a destructive pause turns to Replay
-                core.reuse.revoke_snapshot(req.ticket)
-                core.counters["snapshot_fallbacks"] += 1
+                reuse.revoke_snapshot(req.ticket)
+                self.counters["snapshot_fallbacks"] += 1
             else:
                 route = SNAPSHOT
-                core.counters["snapshot_bytes"] += copied
-        core._drop_permits(req)
-        core._unbind(req)
+                self.counters["snapshot_bytes"] += copied
+        host.vacate(req)
         req.phase, req.paused_route = PAUSED, route
-        core.counters["pauses_" + route] += 1
+        self.counters["pauses_" + route] += 1
         if self.paused and self.paused[0].ticket < req.ticket:
             self.event = True  # SCH-10: a younger request's pause is the older one's opportunity
         i = bisect.bisect_left(self._tickets, req.ticket)
@@ -120,80 +171,80 @@ class Preemption:
             self.event = True
 
     # ---- recovery ------------------------------------------------------------------------
-    def maybe_recover(self) -> None:
+    def maybe_recover(self, host: PreemptionHost) -> None:
         """SCH-1, SCH-10: on a real capacity event try the oldest paused request's full
         recovery; with nothing resident there is no releaser to wait for, so it tries anyway
         (and gets the capacity contract error if even that fails, RES-6)."""
-        core = self.core
-        txns = core.reuse.txns
+        txns = self.reuse.txns
         if not self.paused or self.holder is not None or txns.recovering:  # SCH-7: one recovery at a time
             return
-        if not (self.event or not core.residents):
+        if not (self.event or not host.residents):
             return
         self.event = False
         req = self.paused[0]  # RD-2: strictly by original ticket
-        older = any(r.ticket < req.ticket for r in core.residents)
+        older = any(r.ticket < req.ticket for r in host.residents)
         why = ledger.Refusal("no_lane", None, "every lane is held")
         while True:
-            if core.free_lanes() > 0:
-                why = self._resume(req, take=not older)
+            if host.free_lanes() > 0:
+                why = self._resume(host, req, take=not older)
                 if why is None or why.reason in WAIT_REASONS:
                     return  # bound, or waiting for a transfer: its end is the next event (SRC-5, SCH-9)
             if txns.releases():
                 return  # a copy in flight frees capacity: wait for it rather than preempt more (SCH-9)
-            victims = [] if older else [r for r in self.pausable() if r.ticket > req.ticket]
+            victims = [] if older else [r for r in self.pausable(host.residents) if r.ticket > req.ticket]
             if not victims:
                 break
             # SCH-6: with no older resident, the oldest paused request takes lanes and capacity
             # back from younger residents (their pause is not an event for it: it is acting).
-            self.pause(victims[0])
+            self.pause(host, victims[0])
             self.event = False
-        if not core.residents and self.paused and self.paused[0] is req and not txns.busy:
-            core._capacity_error(req, why)
+        if not host.residents and self.paused and self.paused[0] is req and not txns.busy:
+            host.capacity_error(req, why)
 
-    def resume_transferred(self, req: Request, permit: int | None) -> None:
+    def resume_transferred(self, host: PreemptionHost, req: Request, permit: int | None) -> None:
         """SCH-9: its recovery bind transaction was published: bind it now with the recovery
         permit that transaction took (TXN-2); if that fails it waits for the next event."""
-        older = any(r.ticket < req.ticket for r in self.core.residents)
-        if self._resume(req, take=not older, permit=permit) is not None:
+        older = any(r.ticket < req.ticket for r in host.residents)
+        if self._resume(host, req, take=not older, permit=permit) is not None:
             self.event = True
 
     def offload_failed(self, ticket) -> None:
         """A deferred Snapshot offload found no Host room (PAUSE-3): the snapshot goes and the
         paused request resumes by Replay."""
-        self.core.reuse.revoke_snapshot(ticket)
-        self.core.counters["snapshot_fallbacks"] += 1
+        self.reuse.revoke_snapshot(ticket)
+        self.counters["snapshot_fallbacks"] += 1
         req = next((r for r in self.paused if r.ticket == ticket), None)
         if req is not None:
             req.paused_route = REPLAY
 
-    def _resume(self, req: Request, take: bool, permit: int | None = None) -> ledger.Refusal | None:
+    def _resume(self, host: PreemptionHost, req: Request, take: bool,
+                permit: int | None = None) -> ledger.Refusal | None:
         """Bind the paused request again (its Snapshot first) with the recovery permit (or the
         one its bind transaction took, `permit`); the Refusal of the last candidate when it
         cannot be had (a WAIT_REASONS one while its read-back is in flight)."""
-        core = self.core
-        snap = core.reuse.snapshot_of(req.ticket)
+        reuse = self.reuse
+        snap = reuse.snapshot_of(req.ticket)
         if req.paused_route == SNAPSHOT and snap is None:
-            core.counters["snapshot_revocations"] += 1  # PAUSE-4: it turned to Replay meanwhile
+            self.counters["snapshot_revocations"] += 1  # PAUSE-4: it turned to Replay meanwhile
             req.paused_route = REPLAY
         applicant = ledger.Applicant(ledger.ApplicantKind.NECESSARY, ticket=req.ticket)
-        bound = core.reuse.bind(req.ticket, core._identity(req, len(req.target)), session=req.session,
-                                unit_end=lambda f: core._unit_end(req, max(f, req.computed)),
-                                ticket=req.ticket, resume=True, snapshot=snap, applicant=applicant, revoke=take,
-                                permit=permit)
+        bound = reuse.bind(req.ticket, reuse.identity_at(req, len(req.target)), session=req.session,
+                           unit_end=lambda f: host.unit_end(req, max(f, req.computed)),
+                           ticket=req.ticket, resume=True, snapshot=snap, applicant=applicant, revoke=take,
+                           permit=permit)
         if isinstance(bound, ledger.Refusal):
             return bound
         i = bisect.bisect_left(self._tickets, req.ticket)
         del self._tickets[i], self.paused[i]
         route = SNAPSHOT if bound.takeover == ledger.Takeover.SNAPSHOT else REPLAY
-        core.counters["resumes_" + route] += 1
+        self.counters["resumes_" + route] += 1
         if bound.frontier > req.computed:  # tokens beyond the old frontier came from the cache
-            core.counters["reused_tokens"] += bound.frontier - req.computed
+            self.counters["reused_tokens"] += bound.frontier - req.computed
         req.paused_route = None
         if bound.permit is not None:
-            req.recovery_permit, req.recovery_since = bound.permit, core.program.clock()
+            req.recovery_permit, req.recovery_since = bound.permit, self.program.clock()
             self.holder = req
-        core._bind(req, bound)
+        host.bind(req, bound)
         return None
 
     def end_recovery(self, req: Request) -> None:
@@ -205,6 +256,7 @@ class Preemption:
         req.recovery_permit = None
         if self.holder is req:
             self.holder = None
-        if pid in self.core.program.state.permits:
-            self.core._settle_permit(req, pid)
-        self.core.counters["recovery_permit_seconds"] += self.core.program.clock() - req.recovery_since
+        state = self.program.state
+        if pid in state.permits:
+            self.program.commit(ledger.plan_settle(state, pid, req.key))
+        self.counters["recovery_permit_seconds"] += self.program.clock() - req.recovery_since

@@ -26,12 +26,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
-from ninfer_jax.engine.core import check_submission
-from ninfer_jax.engine.engine import chat_frontend, load_tokenizer, prompt_ids
+from ninfer_jax.config import EngineConfig
+from ninfer_jax.engine.intake import chat_frontend, check_submission, load_tokenizer, prompt_ids
 from ninfer_jax.engine.types import SamplingParams
 from ninfer_jax.errors import ConfigError
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.plan import Capacity, resolve_capacity
 
 
 @dataclasses.dataclass(frozen=True)

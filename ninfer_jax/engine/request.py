@@ -1,4 +1,5 @@
-"""Request records (the engine side of a request) and the caller's `RequestHandle`.
+"""Request records (the engine side of a request), the caller's `RequestHandle` and the engine's
+`Outbox` behind it.
 
 The record holds what the spec's Engine request record owns: the original ticket, input and
 output, budget (`max_tokens`, `max_context`), the cancel flag and the first-event times; plus
@@ -20,47 +21,57 @@ from ninfer_jax.engine.types import Completion, SamplingParams, TokenDelta, Toke
 QUEUED, PREFILL, DECODE, PAUSED, FINISHED = "queued", "prefill", "decode", "paused", "finished"
 
 
+class Outbox:
+    """The engine thread's end of a request's handle: each delta is pushed as it is produced,
+    then the completion, once; the caller's `RequestHandle` reads them."""
+
+    def __init__(self):
+        self.events: queue.SimpleQueue = queue.SimpleQueue()  # one engine-thread put per token
+        self.completion: Completion | None = None
+        self.finished = threading.Event()
+
+    def push(self, delta: TokenDelta) -> None:
+        self.events.put(delta)
+
+    def finish(self, completion: Completion) -> None:
+        self.events.put(completion)
+        self.completion = completion
+        self.finished.set()
+
+    def done(self) -> bool:
+        return self.finished.is_set()
+
+
 class RequestHandle:
     """What `Engine.submit` returns: stream deltas, wait for the result, or cancel."""
 
-    def __init__(self, request_id: str, cancel_fn):
+    def __init__(self, request_id: str, cancel_fn, outbox: Outbox | None = None):
         self.request_id = request_id
-        self._events: queue.SimpleQueue = queue.SimpleQueue()  # one engine-thread put per token
+        self._outbox = outbox if outbox is not None else Outbox()  # the engine thread writes it
         self._cancel_fn = cancel_fn
-        self._completion: Completion | None = None
-        self._done = threading.Event()
 
-    # called by the engine thread
-    def _push(self, delta: TokenDelta) -> None:
-        self._events.put(delta)
-
-    def _finish(self, completion: Completion) -> None:
-        self._events.put(completion)
-        self._completion = completion
-        self._done.set()
-
-    # called by the caller
     def stream(self) -> Iterator[TokenDelta]:
         """Deltas as tokens are produced; ends when the request finishes."""
+        events = self._outbox.events
         while True:
-            item = self._events.get()
+            item = events.get()
             if isinstance(item, Completion):
-                self._events.put(item)  # leave it for result()
+                events.put(item)  # leave it for result()
                 return
             yield item
 
     def result(self, timeout: float | None = None) -> Completion:
         """Block until the request finishes; the whole `Completion`."""
-        if not self._done.wait(timeout):
+        if not self._outbox.finished.wait(timeout):
             raise TimeoutError(f"request {self.request_id} not finished after {timeout}s")
-        return self._completion
+        return self._outbox.completion
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._outbox.done()
 
     def cancel(self) -> None:
         """Ask the engine to cancel; idempotent. The result then reports finish_reason 'cancelled'."""
-        if not self._done.is_set():
+        if not self._outbox.done():
             self._cancel_fn(self.request_id)
 
 
@@ -72,7 +83,8 @@ class Request:
     sampling: SamplingParams
     seed: int
     max_context: int
-    handle: RequestHandle
+    handle: RequestHandle  # the caller's side
+    outbox: Outbox  # the engine's side of the same handle: deltas and the completion go here
     detok: Detokenizer
     stop_ids: frozenset[int]
     saves: tuple = ()  # SavePoints from the frontend, by frontier (SAVE-1)
@@ -91,7 +103,7 @@ class Request:
     slot: int | None = None
     slot_object: int | None = None
     computed: int = 0  # the furthest frontier ever computed: recomputing below it is Replay (OBS-1)
-    paused_route: str | None = None  # "snapshot" | "replay" while paused (PAUSE-2)
+    paused_route: str | None = None  # a preempt.Route ("snapshot" | "replay") while paused (PAUSE-2)
     recovery_permit: int | None = None  # the full recovery permit it holds (RES-5, SCH-7)
     recovery_since: float = 0.0
     bound: bool = False  # the cache policy knows it (bound to a record until it ends, PAUSE-1)

@@ -10,29 +10,25 @@ Program's ledger state; every change goes through one `apply`.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import ledger
-from ledger import (MAIN_KV, Applicant, ApplicantKind, BindRequest, CacheResult, CaptureRequest, Gap, PointKind,
-                    Refusal, SequenceView, SourceQuery, UnitDemand, UnitKind)
+from ledger import (MAIN_KV, Applicant, ApplicantKind, BindRequest, CacheResult, Gap, Refusal, SequenceView,
+                    SourceQuery, UnitDemand, UnitKind)
+from ledger.driver import SavePoint, bound_view, capture_request, captured
 from ledger.effects import CopyToDevice, CopyToHost
 from ninfer_jax.engine.branch_points import KnownHistories
-from ninfer_jax.engine.transactions import Pending, Transactions
+from ninfer_jax.engine.transactions import Pending, PendingKind, TransactionEvents, Transactions
 from ninfer_jax.model.spec_steps import MTP_POOL
 from ninfer_jax.program import calibrate
 
+if TYPE_CHECKING:
+    from ninfer_jax.engine.contract import ProgramContract
+    from ninfer_jax.engine.request import Request
+
 MAX_RETRIES = 4
 
-
-class SavePoint(NamedTuple):
-    """A semantic save opportunity the frontend chose (SAVE-1): where a chunk must end and
-    what to capture there."""
-
-    frontier: int
-    private: str | None = PointKind.INPUT  # INPUT | ANCHOR | None (shared only)
-    input_kind: str = ledger.InputKind.RAW
-    shared: bool = False
-    explicit: bool = True
+__all__ = ["Bound", "ContextCache", "SavePoint"]  # SavePoint: ledger/driver.py's, the one both drivers use
 
 
 class Bound(NamedTuple):
@@ -45,16 +41,19 @@ class Bound(NamedTuple):
 
 
 class ContextCache:
-    def __init__(self, program, counters, *, enabled: bool = True, execution: str = ""):
+    def __init__(self, program: ProgramContract, counters, *, enabled: bool = True, execution: str = "",
+                 events: TransactionEvents | None = None):
+        """`events`: who drives the context transaction and hears of its ends (EngineCore)."""
         self.program = program
         self.counters = counters
         self.enabled = enabled
         self.execution = execution  # model, dtype, backend: state from elsewhere is never adopted (CKP-4)
         # KV pools a sequence holds pages in: Main KV, and the MTP backend KV with speculative
         # decoding (RES-1: its pages come with every unit, capture and bind like Main KV's).
-        self.mtp = bool(getattr(program, "speculative_tokens", 0))
+        self.mtp = bool(program.speculative_tokens)
         self.cache = ledger.empty_cache()
-        self.txns = Transactions(self)  # the one context transaction, in flight across cycles (TXN-1, SCH-9)
+        # the one context transaction, in flight across cycles (TXN-1, SCH-9)
+        self.txns = Transactions(self, program, counters, events)
         # SRC-3: the Program's prices (calibrated at warm-up, injected, or the ledger's default
         # for a Program that carries none), in seconds; they order sources, never decide what
         # is recoverable. `rates` keeps what the ledger's CostModel has no field for (D2H).
@@ -74,6 +73,14 @@ class ContextCache:
                 and toks[:len(known.tokens)] == known.tokens):
             return ledger.extend(known, toks[len(known.tokens):])
         return ledger.identity_of(toks, execution=self.execution)
+
+    def identity_at(self, req: Request, n: int) -> ledger.InputIdentity:
+        """The identity of the request's first `n` tokens (prompt, then output), hashed once per
+        output length rather than at every chunk and capture; prefixes share its digests."""
+        total = len(req.prompt) + len(req.output)
+        if req.ident is None or len(req.ident.tokens) != total:
+            req.ident = self.identity(req.prompt + tuple(req.output), req.ident)
+        return req.ident.prefix(n)
 
     def apply(self, res) -> None:
         plan = res.plan if isinstance(res, CacheResult) else res
@@ -228,8 +235,8 @@ class ContextCache:
                     last = t
                     continue
                 self.apply(t)  # destinations reserved, sources leased, the permit taken (TXN-1/2)
-                self.txns.started(Pending("bind", request, resume, t.proof.permits[0] if resume else None,
-                                          cand.cid))
+                self.txns.started(Pending(PendingKind.BIND, request, resume,
+                                          t.proof.permits[0] if resume else None, cand.cid))
                 return Refusal("transfer_pending", None, f"bind transaction {t.proof.generation} in flight")
             first = unit if permit is None else None
             got = self.retry(lambda c=cand: ledger.plan_bind(
@@ -246,19 +253,19 @@ class ContextCache:
                 last = got
                 continue
             self.apply(got)
-            view = next(o for o in got.outcome if o[0] == "view")
+            view = bound_view(got)
             if permit is None:
-                permit = next((o[1] for o in got.outcome if o[0] == "permit"), None)
-            pages = dict(view[2]).get(MAIN_KV, ())
-            mtp = dict(view[2]).get(MTP_POOL, ())
-            self._drop_stale_host(view[1], (pages, mtp), cand.frontier)
+                permit = view.permit
+            pages = view.pages(MAIN_KV)
+            mtp = view.pages(MTP_POOL)
+            self._drop_stale_host(view.state_object, (pages, mtp), cand.frontier)
             if not resume:
                 self.counters["cache_queries"] += 1  # one per fresh admission: hits / queries
             if cand.frontier and not resume:
                 self.counters["cache_hits"] += 1
                 self.counters["cache_hits_private" if cand.private else "cache_hits_shared"] += 1
                 self.counters["reused_tokens"] += cand.frontier
-            return Bound(cand.frontier, cand.takeover, view[1], tuple(pages), permit, tuple(mtp))
+            return Bound(cand.frontier, cand.takeover, view.state_object, tuple(pages), permit, tuple(mtp))
         if given is not None and given in self.program.state.permits:
             self.program.commit(ledger.plan_settle(self.program.state, given, owner))
         return last
@@ -322,6 +329,11 @@ class ContextCache:
             kv += ((MTP_POOL, tuple(mtp_objects)),)
         return SequenceView(request, ident, state_object, kv)
 
+    def view_of(self, req: Request) -> SequenceView:
+        """What the bound resident `req` holds now, at its execution frontier."""
+        return self.view(req.ticket, self.identity_at(req, req.fed), req.slot_object, req.page_objects,
+                         req.mtp_page_objects)
+
     def unit_pools(self, pages: int) -> dict:
         """The typed pool units of a unit needing `pages` more Main KV pages (RES-1): the same
         count of MTP backend KV pages with speculative decoding (same page size, same frontier)."""
@@ -336,16 +348,15 @@ class ContextCache:
         """SAVE-*: capture at a semantic frontier; skipped, never blocking, when refused."""
         if not self.enabled:
             return False
-        got = ledger.plan_capture(self.program.state, self.cache, CaptureRequest(
-            view, save.private, save.input_kind, shared=save.shared, explicit=save.explicit))
+        got = ledger.plan_capture(self.program.state, self.cache, capture_request(view, save))
         if isinstance(got, Refusal):
             self.counters["captures_skipped"] += 1
             return False
         self.apply(got)
-        kept = sum(1 for o in got.outcome if o[0] in ("private", "shared"))
-        self.counters["captures"] += kept
-        self.counters["captures_skipped"] += sum(1 for o in got.outcome if o[0].endswith("_skipped"))
-        return kept > 0
+        did = captured(got)
+        self.counters["captures"] += did.kept
+        self.counters["captures_skipped"] += did.skipped
+        return did.kept > 0
 
     def end(self, view: SequenceView, *, publish: bool) -> None:
         """BIND-6: a normal finish publishes E; a cancel or an error only releases."""
@@ -414,7 +425,7 @@ class ContextCache:
         if isinstance(got, Refusal):
             return None
         self.apply(got)
-        self.txns.started(Pending("pause", request))
+        self.txns.started(Pending(PendingKind.PAUSE, request))
         return sum(j.dst.nbytes for j in self.program.state.transaction.jobs)
 
     def revoke_snapshot(self, request) -> None:

@@ -21,12 +21,20 @@ flight the transaction is marked cancelling and its completion reverts once the 
 finished. A Snapshot offload that finds the slot taken is deferred to the next free point
 (its content stays on Device until then; the pause still counts as a Snapshot).
 
+Who drives the transaction hears of its end through `TransactionEvents` (EngineCore implements
+it): a `TransactionEnd` — what waited for it, whether it was published, whether it frees room
+or answers a waiter — on which the scheduler rescans, raises a capacity event or binds; and a
+deferred offload that found no Host room. The cache the transaction applies its plans to is a
+`TransactionCache` (ContextCache implements it).
+
 Test hooks: `hold = {"submit": n, "publish": n}` keeps each following transaction RESERVED /
 COMPLETED for n points; `program.stores.transfers.hold_polls` keeps its copies not ready.
 """
 from __future__ import annotations
 
-from typing import Hashable, NamedTuple
+import dataclasses
+import enum
+from typing import Hashable, NamedTuple, Protocol
 
 import ledger
 from ledger import TxnPhase
@@ -35,29 +43,74 @@ from ledger import TxnPhase
 WAIT_REASONS = frozenset(("transfer_pending", "source_blocked", "transaction_busy", "waiting_release"))
 
 
-class Pending(NamedTuple):
+class PendingKind(enum.StrEnum):
+    BIND = "bind"  # a Host source read back for a request's bind (at admission or recovery)
+    PAUSE = "pause"  # a Snapshot's offload to the Host arena
+    DEMOTION = "demotion"  # a reclamation's demotion (RCL-7)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
     """What waits for the running transaction."""
 
-    kind: str  # "bind" | "pause" | "demotion"
+    kind: PendingKind
     request: Hashable  # the request's ticket (None for a demotion)
     resume: bool = False  # a paused request's recovery bind (it holds the recovery permit, TXN-2)
     permit: int | None = None  # the permit taken with the bind
     cid: int | None = None  # the bound source
 
 
+@dataclasses.dataclass(frozen=True)
+class TransactionEnd:
+    """A transaction's end, as its driver hears it (SCH-9, SCH-10, SRC-5)."""
+
+    pending: Pending | None  # what waited for it (None: nothing any more)
+    published: bool  # published; else reverted (cancelled, TXN-2)
+    frees: bool  # its end frees room or answers a waiter: the queue looks again, a capacity event
+    waiters: bool  # something waited for the slot or a blocked source (SRC-5)
+
+
+class DeferredOffload(NamedTuple):
+    """A Snapshot offload waiting for the slot (TXN-1)."""
+
+    ticket: Hashable
+    snapshot: int
+    publication: int
+
+
+class TransactionEvents(Protocol):
+    """What a transaction's end is told to (EngineCore implements it)."""
+
+    def transaction_ended(self, ended: TransactionEnd) -> None:
+        """SCH-9/10: a rescan, a capacity event, a published bind's request binding now."""
+
+    def offload_failed(self, ticket: Hashable) -> None:
+        """PAUSE-3: a deferred Snapshot offload found no Host room."""
+
+
+class TransactionCache(Protocol):
+    """The cache policy the transaction's plans go through (ContextCache implements it)."""
+
+    def apply(self, res) -> None: ...
+
+    def snapshot_of(self, request: Hashable) -> int | None: ...
+
+    def offload(self, request: Hashable, snapshot: int, *, publication: int) -> int | None: ...
+
+
 class Transactions:
-    def __init__(self, reuse):
+    def __init__(self, reuse: TransactionCache, program, counters, events: TransactionEvents | None = None):
         self.reuse = reuse
-        self.program = reuse.program
-        self.core = None  # EngineCore, when it drives this cache (continuations, events)
+        self.program = program
+        self.events = events  # the driver (EngineCore), told of each end; None: nobody drives it
         self.pending: Pending | None = None  # the continuation of the running transaction
         self.generation: int | None = None  # the transaction `pending` belongs to
-        self.offloads: list[tuple] = []  # deferred Snapshot offloads: (ticket, snapshot, publication)
+        self.offloads: list[DeferredOffload] = []  # deferred Snapshot offloads, in order
         self.waiters = False  # something waited for the slot or a blocked source (SRC-5)
         self.reclaim_waits = False  # a reclamation waits for the slot, to demote rather than delete
         self.hold = {"submit": 0, "publish": 0}  # test hook (module doc)
         self._held = {"submit": 0, "publish": 0}
-        self.counters = reuse.counters
+        self.counters = counters
 
     # ---- facts ------------------------------------------------------------------------------
     @property
@@ -69,7 +122,8 @@ class Transactions:
         """A transaction is running or a Snapshot offload waits for the slot."""
         return self.current is not None or bool(self.offloads)
 
-    def _live(self, kind: str | None = None) -> Pending | None:
+    def live(self, kind: PendingKind | None = None) -> Pending | None:
+        """The continuation of the running transaction (of `kind`), unless it is cancelling."""
         t = self.current
         p = self.pending
         if t is None or p is None or t.generation != self.generation or t.phase == TxnPhase.CANCELLING:
@@ -79,13 +133,13 @@ class Transactions:
     @property
     def binding(self) -> Hashable | None:
         """The ticket whose bind transfer is in flight (it keeps a lane), or None."""
-        p = self._live("bind")
+        p = self.live(PendingKind.BIND)
         return None if p is None else p.request
 
     @property
     def recovering(self) -> bool:
         """A paused request's recovery bind is in flight (SCH-7: one recovery at a time)."""
-        p = self._live("bind")
+        p = self.live(PendingKind.BIND)
         return p is not None and p.resume
 
     def reserved_lanes(self) -> int:
@@ -117,7 +171,7 @@ class Transactions:
         if not self._held["submit"]:
             self._submit(t)
 
-    def adopt(self, kind: str = "demotion") -> None:
+    def adopt(self, kind: PendingKind = PendingKind.DEMOTION) -> None:
         """After a plan that may have begun a transaction (a reclamation's demotion, RCL-7)."""
         t = self.current
         if t is not None and t.generation != self.generation and t.phase == TxnPhase.RESERVED:
@@ -132,7 +186,7 @@ class Transactions:
         never waited for), as is one a test hold keeps in flight.
         True if the slot is free again."""
         t = self.current
-        if t is None or t.phase != TxnPhase.SUBMITTED or self._live("demotion") is None or self._held["publish"]:
+        if t is None or t.phase != TxnPhase.SUBMITTED or self.live(PendingKind.DEMOTION) is None or self._held["publish"]:
             return False
         stores = self.program.stores
         g = t.generation
@@ -151,7 +205,7 @@ class Transactions:
         self.reuse.apply(ledger.plan_submit(self.program.state, t.generation))  # the copies are dispatched
 
     def defer_offload(self, request, snapshot: int, publication: int) -> None:
-        self.offloads.append((request, snapshot, publication))
+        self.offloads.append(DeferredOffload(request, snapshot, publication))
 
     # ---- advance (SCH-9) --------------------------------------------------------------------
     def advance(self, idle: bool = False) -> None:
@@ -205,31 +259,24 @@ class Transactions:
         if self.reclaim_waits:
             self.reclaim_waits = False
             self.waiters = True  # who waited for room looks again
-        core = self.core
-        if core is None:
+        if self.events is None:
             return
-        if self.waiters or not published or t.drop_source:
-            # SRC-5: who waited for the slot or a blocked source looks again; freed units are
-            # room for the queue; a capacity event for the oldest paused request (SCH-10) — but
-            # a pause's own offload is not one for the request it paused.
-            core.fresh.dirty = True
-            own = pending is not None and pending.kind == "pause"
-            older = core.preempt.paused and pending is not None and pending.request is not None and \
-                core.preempt.paused[0].ticket < pending.request
-            if self.waiters or not own or older:
-                core.preempt.event = True
+        # SRC-5: who waited for the slot or a blocked source looks again; freed units are room
+        # for the queue and a capacity event (SCH-10); a published bind's request binds now.
+        waiters = self.waiters
+        frees = waiters or not published or t.drop_source
+        if frees:
             self.waiters = False
-        if published and pending is not None and pending.kind == "bind":
-            core._transfer_bound(pending)
+        self.events.transaction_ended(TransactionEnd(pending, published, frees, waiters))
 
     def _start_offload(self) -> None:
         """A deferred Snapshot offload takes the free slot (one per point)."""
         while self.offloads and self.current is None:
-            request, snapshot, publication = self.offloads.pop(0)
-            if self.reuse.snapshot_of(request) != snapshot:
+            o = self.offloads.pop(0)
+            if self.reuse.snapshot_of(o.ticket) != o.snapshot:
                 continue  # revoked or ended meanwhile
-            if self.reuse.offload(request, snapshot, publication=publication) is None and self.core is not None:
-                self.core.preempt.offload_failed(request)
+            if self.reuse.offload(o.ticket, o.snapshot, publication=o.publication) is None and self.events is not None:
+                self.events.offload_failed(o.ticket)
             return
 
     # ---- cancel (TXN-2) ------------------------------------------------------------------
@@ -237,9 +284,9 @@ class Transactions:
         """The request ends: its deferred offload goes, and the transaction waiting for it (its
         bind, or its pause's offload) is cancelled: reverted at once before submit or after
         completion, marked cancelling in flight (its completion reverts)."""
-        self.offloads = [o for o in self.offloads if o[0] != request]
+        self.offloads = [o for o in self.offloads if o.ticket != request]
         t = self.current
-        p = self._live()
+        p = self.live()
         if t is None or p is None or p.request != request:
             return
         self.pending = None  # no continuation: nobody waits for it any more

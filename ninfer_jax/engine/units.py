@@ -7,10 +7,13 @@ permit (engine/preempt.py) is drawn from across cycles and is not settled here.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import NamedTuple
 
 import ledger
 from ledger import MAIN_KV, Refusal, UnitDemand, UnitKind
+from ledger.driver import chunk_end
 from ninfer_jax.engine.request import DECODE, PREFILL, Request
 from ninfer_jax.model.spec_steps import MTP_POOL
 
@@ -19,6 +22,23 @@ PAGE = ledger.PAGE_TOKENS
 # demands nothing from any pool: it cannot be refused and reserves nothing (RES-2), so it
 # applies for no permit and the cycle writes nothing to the ledger for it.
 NO_UNITS = "no-units"
+
+
+class Turn(NamedTuple):
+    """The cycle's prefill turn (SCH-8): the request and the permit its chunk draws from (a
+    permit id, the recovery permit, or NO_UNITS)."""
+
+    request: Request
+    permit: object
+
+
+@dataclasses.dataclass
+class CyclePermits:
+    """RES-3: what the residents were granted for this cycle: each decoding row's permit, and
+    the prefill turn's (None when no prefilling resident may run a chunk)."""
+
+    decode: dict  # Request -> permit id | NO_UNITS
+    prefill: Turn | None = None
 
 
 class UnitPlanning:
@@ -30,16 +50,13 @@ class UnitPlanning:
         """End of the prefill chunk starting at `at`: exactly at the next semantic frontier
         (REC-8), at the old frontier while replaying, never past the target; a chunk end by
         itself is never a save (G-6)."""
-        end = len(req.target)
-        if at < req.computed:
-            end = req.computed
-        end = next((f for f in req.splits if at < f < end), end)
-        return min(at + self.program.chunk_size, end)
+        end = req.computed if at < req.computed else len(req.target)
+        return chunk_end(at, end, req.splits, self.program.chunk_size)
 
     def _chunk(self, req: Request) -> int:
         return self._chunk_end(req, req.fed) - req.fed
 
-    def _unit_end(self, req: Request, at: int) -> int:
+    def unit_end(self, req: Request, at: int) -> int:
         """RD-7: where the unit starting at `at` reaches: one decode step past the target (with
         speculative decoding the Verify unit's peak, `_decode_span`), or one prefill chunk of
         the configured size."""
@@ -74,7 +91,7 @@ class UnitPlanning:
             return holder
         return next((r for r in rows if r.ticket > self._last_turn), rows[0])
 
-    def _resident_permits(self) -> dict:
+    def _resident_permits(self) -> CyclePermits:
         """RES-3: resident rows, recovery first then by ticket; the oldest always progresses
         (pausing the young, SCH-4)."""
         reclaimed = False
@@ -84,7 +101,7 @@ class UnitPlanning:
                                                    for r in self.residents):
             # The common decode cycle: every row's next token lands in a page it holds (RES-2),
             # so no row applies and nothing is planned or committed.
-            return {"decode": dict.fromkeys(self.residents, NO_UNITS)}
+            return CyclePermits(dict.fromkeys(self.residents, NO_UNITS))
         while True:
             rows, demands, free = [], [], set()
             for r in self.residents:
@@ -130,22 +147,22 @@ class UnitPlanning:
                 got = results[rows.index(oldest)]
                 txns = self.reuse.txns
                 waiting = txns.releases(got.shortfall.pools if got.shortfall else ())
-                victims = [] if waiting else self.preempt.pausable(exclude=(oldest,))
+                victims = [] if waiting else self.preempt.pausable(self.residents, exclude=(oldest,))
                 if victims:
-                    self.preempt.pause(victims[0])
+                    self.preempt.pause(self, victims[0])
                     if victims[0] is turn:
                         turn = self._prefill_turn()
                     reclaimed = False  # the pause changed what the cache may give up
                     continue
                 if holder is None and not txns.busy:  # alone: no releaser exists (RES-6)
-                    self._capacity_error(oldest, got)
+                    self.capacity_error(oldest, got)
                     turn = self._prefill_turn()
                     continue
                 # the recovery holder holds its permit, or a transfer in flight will release:
                 # the oldest waits
             if plan is not None:
                 self.program.commit(plan)
-            out = {"decode": {}}
+            out = CyclePermits({})
             granted = dict(zip(map(id, rows), results))
             for r in self.residents:
                 got = NO_UNITS if id(r) in free else granted.get(id(r))
@@ -154,18 +171,17 @@ class UnitPlanning:
                 if got is None or isinstance(got, Refusal):
                     continue  # waits for a later cycle; the oldest row is never here
                 if r is turn and r.phase == PREFILL:
-                    out["prefill"] = (r, got)
+                    out.prefill = Turn(r, got)
                 elif r.phase == DECODE:
-                    out["decode"][r] = got
-            if "prefill" in out:
-                self._last_turn = out["prefill"][0].ticket
+                    out.decode[r] = got
+            if out.prefill is not None:
+                self._last_turn = out.prefill.request.ticket
             return out
 
-    def _refreshed_prefill(self):
+    def _refreshed_prefill(self) -> Turn | None:
         """SCH-9: after Control/Decode, the prefill turn that had no permit this cycle applies
         again, once, with no reclamation and no pause (a refusal waits for the next cycle, as
-        it would have). The recovery holder draws from its own permit and is not refreshed.
-        Returns (request, permit) or None."""
+        it would have). The recovery holder draws from its own permit and is not refreshed."""
         turn = self._prefill_turn()
         if turn is None or turn is self.preempt.holder or turn.phase != PREFILL:
             return None
@@ -173,20 +189,20 @@ class UnitPlanning:
         need = self._pages_needed(turn, turn.fed + self._chunk(turn))
         if not need:
             self._last_turn = turn.ticket
-            return turn, NO_UNITS  # RES-2: nothing to reserve
+            return Turn(turn, NO_UNITS)  # RES-2: nothing to reserve
         plan = ledger.plan_cycle_permits(self.program.state, [UnitDemand(turn.key, kind, self.reuse.unit_pools(need))])
         got = plan.proof.rows[0]
         if isinstance(got, Refusal):
             return None
         self.program.commit(plan)
         self._last_turn = turn.ticket
-        return turn, got
+        return Turn(turn, got)
 
     def _permit_left(self, req: Request) -> int:
         p = self.program.state.permits.get(req.recovery_permit) if req.recovery_permit is not None else None
         return -1 if p is None else p.remaining.get(MAIN_KV, 0)
 
-    def _allocate(self, decode_permits: dict, prefill) -> None:
+    def _allocate(self, decode_permits: dict, prefill: Turn | None) -> None:
         grants = list(decode_permits.items())
         if prefill is not None:
             grants.append(prefill)
@@ -211,10 +227,10 @@ class UnitPlanning:
     def _settle_permit(self, req: Request, pid: int) -> None:
         self.program.commit(ledger.plan_settle(self.program.state, pid, req.key))
 
-    def _settle(self, decode_permits: dict, prefill) -> None:
+    def _settle(self, decode_permits: dict, prefill: Turn | None) -> None:
         pairs = [(pid, r.key) for r, pid in decode_permits.items() if pid is not NO_UNITS]
         if prefill is not None:
-            pairs.append((prefill[1], prefill[0].key))
+            pairs.append((prefill.permit, prefill.request.key))
         live = self.program.state.permits
         # A finished row's permit went with it; the recovery permit outlives the cycle (RES-5).
         pairs = [p for p in pairs if p[0] in live and p[0] != self.program.state.recovery_permit]

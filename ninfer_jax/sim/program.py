@@ -1,6 +1,7 @@
 """A cost-model Program: the real ledger and stores, no model math.
 
-Same interface as `ninfer_jax.program.Program`, so the same engine loop (scheduler, permits,
+Same interface as `ninfer_jax.program.Program` (the engine's Program contract,
+ninfer_jax/engine/contract.py), so the same engine loop (scheduler, permits,
 allocation, settlement, sampling, streaming) replays many thousands of requests in seconds.
 Pools are one byte per unit; logits are a cheap deterministic function of (token, position),
 so outputs are reproducible; time is modelled (`sim_seconds`: steps and copies) rather than
@@ -16,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import ledger
-from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
+from ninfer_jax.config import EngineConfig
 from ninfer_jax.errors import ConfigError
 from ninfer_jax.model import builtin
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.plan import Capacity, CapacityPlan, decode_buckets, plan_capacity
 from ninfer_jax.program import calibrate
-from ninfer_jax.program.program import DecodeRow, decode_buckets
+from ninfer_jax.program.program import DecodeRow
 from ninfer_jax.program.stores import ProgramStores
 from ninfer_jax.program.unit_pool import UnitPool
 
@@ -113,19 +115,35 @@ class _LedgerOnlyStores(ProgramStores):
 
 
 class SimProgram:
+    """The cost-model Program (module doc); it implements `ninfer_jax.engine.contract.ProgramContract`."""
+
+    # The contract's optional capabilities (engine/contract.py), none of which it has:
+    speculative_tokens = 0  # no speculative decoding (refused at construction)
+    step_seconds = None  # no compute clock of its own: the engine times each step call
+    model = None  # no weights
+
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None, cost: CostModel = CostModel(),
-                 *, model_bytes: bool = False, capacity: Capacity | None = None):
+                 *, model_bytes: bool = False, capacity: Capacity | None = None, plan: CapacityPlan | None = None):
         """`model_bytes`: the ledger sees the model's real unit sizes (a Main KV page, a
         StateImage, so Host capacity and transfers are in real bytes) and no bytes are stored;
-        by default every unit is one byte and moved for real. `capacity`: these pool sizes
-        instead of the device solve (a cache byte budget split by `ninfer_jax.plan.split_cache_bytes`)."""
+        by default every unit is one byte and moved for real. `plan`: the capacity plan to build
+        the pools from (`plan_capacity` of this config on this geometry; with `CacheBytes`, a
+        cache byte budget instead of the device solve); default: the device solve. `capacity`:
+        these pool sizes instead of a plan (a `CacheSplit.capacity`)."""
         if config.speculative_tokens:
             raise ConfigError("speculative_tokens", "the cost-model Program does not model speculative decoding: use 0")
         self.config = config
         cfg = model_config if model_config is not None else builtin.config()
         self.dtype = self.sim_dtype(config, model_config)
         itemsize = 2 if self.dtype == "bfloat16" else 4
-        self.capacity: Capacity = capacity if capacity is not None else resolve_capacity(config, cfg, itemsize)
+        if plan is None and capacity is None:
+            plan = plan_capacity(config, cfg, itemsize)
+        if plan is not None and (plan.max_context, plan.max_concurrency) != (config.max_context,
+                                                                            config.max_concurrency):
+            raise ValueError(f"the plan is for max_context {plan.max_context}, C={plan.max_concurrency}; the config "
+                             f"asks {config.max_context}, C={config.max_concurrency}")
+        self.plan: CapacityPlan | None = plan
+        self.capacity: Capacity = capacity if capacity is not None else plan.capacity
         if model_bytes:
             self.stores = _LedgerOnlyStores(
                 [_SizedPool(ledger.MAIN_KV, ledger.KV_PAGES, self.capacity.kv_pages,
@@ -142,7 +160,7 @@ class SimProgram:
         self._buf, self._set = None, ()  # the logits buffer of `_block` and its set entries
         self.eos_token_ids = tuple(cfg.eos_token_id)
         self.chunk_size = config.chunk_size
-        self.decode_buckets = decode_buckets(config.max_concurrency)
+        self.decode_buckets = decode_buckets(config.max_concurrency) if plan is None else plan.decode_buckets
         self.cost = cost
         self.cost_source = "given"
         self.cost_model = cost.rates(self.chunk_size)  # SRC-3: what the engine's ledger calls use
@@ -175,15 +193,17 @@ class SimProgram:
 
     @classmethod
     def for_model(cls, config: EngineConfig, cost: CostModel | str | None = None,
-                  capacity: Capacity | None = None) -> "SimProgram":
+                  capacity: Capacity | None = None, plan: CapacityPlan | None = None) -> "SimProgram":
         """The cost-model Program for `config.model`: the built-in model's geometry in one-byte
         units, or any model folder's `config.json` alone (no weights are read) with its real
         unit sizes, vocabulary and eos, and the capacity the real Program would resolve
         (`device_memory_bytes` standing for the device; `ninfer_jax/sim/geometries/` ships
         config-only folders). `cost`: a CostModel or a JSON file of one; by default the
         folder's `cost.json` if it has one, else `CostModel()`. `cost_source` says which.
-        `capacity`: pool sizes instead of the device solve (`ninfer trace --cache_device_bytes`;
-        the built-in model's pools stay one byte per unit, the counts are what its real bytes give)."""
+        `plan`: the capacity plan of `config` on `geometry(config)` to build the pools from
+        (`plan_capacity(..., cache_bytes=CacheBytes(N))` for `ninfer trace --cache_device_bytes`;
+        the built-in model's pools stay one byte per unit, the counts are what its real bytes give);
+        `capacity`: pool sizes instead of a plan."""
         import os
 
         source = "default"
@@ -197,11 +217,11 @@ class SimProgram:
             source = "given"
         cost = cost or CostModel()
         if config.model.startswith("builtin:"):
-            program = cls(config, cost=cost, capacity=capacity)
+            program = cls(config, cost=cost, capacity=capacity, plan=plan)
         else:
             from ninfer_jax.model.config import load_config
 
-            program = cls(config, load_config(config.model), cost, model_bytes=True, capacity=capacity)
+            program = cls(config, load_config(config.model), cost, model_bytes=True, capacity=capacity, plan=plan)
         program.cost_source = source
         return program
 

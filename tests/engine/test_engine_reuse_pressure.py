@@ -52,12 +52,12 @@ def test_rcl2_one_quote_per_pool_and_applicant_per_attempt_facts_shared(tiny_mod
     import numpy as np
 
     import ledger
-    from ledger import victim_select
+    from ledger.reclamation import quotes
     from ninfer_jax import SamplingParams
     from tests.engine.engine_helpers import make_engine, run_until_done
 
     built, asked = [], []
-    real_init, real_quote = victim_select.QuoteFacts.__init__, victim_select.QuoteFacts.quote
+    real_init, real_quote = quotes.QuoteFacts.__init__, quotes.QuoteFacts.quote
 
     def init(self, state, cache):
         built.append((state, cache))  # kept alive: identities stay unique
@@ -67,8 +67,8 @@ def test_rcl2_one_quote_per_pool_and_applicant_per_attempt_facts_shared(tiny_mod
         asked.append((id(self.state), id(self.cache), gap, applicant, frozenset(protect)))
         return real_quote(self, gap, applicant, protect, keep_content)
 
-    monkeypatch.setattr(victim_select.QuoteFacts, "__init__", init)
-    monkeypatch.setattr(victim_select.QuoteFacts, "quote", quote)
+    monkeypatch.setattr(quotes.QuoteFacts, "__init__", init)
+    monkeypatch.setattr(quotes.QuoteFacts, "quote", quote)
     rng = np.random.default_rng(5)
     system = rng.integers(0, 1000, 48).tolist()
     work = [(system + rng.integers(0, 1000, int(rng.integers(20, 90))).tolist(),

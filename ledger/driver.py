@@ -1,0 +1,82 @@
+"""The steps every driver of the cache policy takes the same way: the engine's
+(`ninfer_jax/engine/reuse.py`, `units.py`) and the model-free `CacheSim` (ledger/simulate.py).
+
+A driver runs a request through docs/cache_policy.md's call order; these are the parts of that
+order with one right answer, written once so the two drivers cannot drift apart:
+
+* `SavePoint`, a semantic save opportunity the frontend chose (SAVE-1), and the
+  `CaptureRequest` it asks for at its frontier (`capture_request`);
+* `chunk_end`: where a prefill chunk starting at a frontier ends — at the next semantic
+  frontier, never past the chunk size or the end (REC-8, G-6);
+* the typed reading of a policy result's outcome log: the view a bind hands over with the
+  permit it took (`bound_view`, BIND-*, TXN-2), and what a capture kept and skipped
+  (`captured`, SAVE-4/5). The ledger notes its outcomes as tagged tuples (`CacheResult.outcome`);
+  these readers are the one place that knows the tags, and drivers read typed fields.
+"""
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple, Sequence
+
+from ledger.cache_state import InputKind, PointKind
+from ledger.capture import CaptureRequest, SequenceView
+
+
+class SavePoint(NamedTuple):
+    """A semantic save opportunity the frontend chose (SAVE-1): where a chunk must end and
+    what to capture there."""
+
+    frontier: int
+    private: str | None = PointKind.INPUT  # INPUT | ANCHOR | None (shared only)
+    input_kind: str = InputKind.RAW
+    shared: bool = False
+    explicit: bool = True
+
+
+def capture_request(view: SequenceView, save: SavePoint) -> CaptureRequest:
+    """SAVE-*: the capture `save` asks for, with `view` at its frontier."""
+    return CaptureRequest(view, save.private, save.input_kind, shared=save.shared, explicit=save.explicit)
+
+
+def chunk_end(at: int, end: int, splits: Sequence[int], chunk: int) -> int:
+    """REC-8: the end of the prefill chunk starting at `at`: the first of `splits` (sorted
+    frontiers) inside (at, end), else `end`; at most `chunk` tokens. A chunk end by itself is
+    never a save (G-6)."""
+    end = next((f for f in splits if at < f < end), end)
+    return min(at + chunk, end)
+
+
+class BoundView(NamedTuple):
+    """What a bind hands the writer (BIND-*): its StateImage object, its pages per KV pool, and
+    the unit permit taken with the bind (TXN-2), if one was."""
+
+    state_object: int
+    kv: tuple  # ((pool, (page object ids in position order)), ...)
+    permit: int | None
+
+    def pages(self, pool: str) -> tuple[int, ...]:
+        return dict(self.kv).get(pool, ())
+
+
+class Captured(NamedTuple):
+    """What one capture did (SAVE-*): points kept (private and shared) and parts skipped."""
+
+    kept: int
+    skipped: int
+
+
+def _entries(outcome: Iterable[tuple], tag: str) -> list[tuple]:
+    return [o for o in outcome if o[0] == tag]
+
+
+def bound_view(result) -> BoundView:
+    """The view and permit a successful bind (`plan_bind`'s result) noted."""
+    view = _entries(result.outcome, "view")[0]
+    permit = next((o[1] for o in _entries(result.outcome, "permit")), None)
+    return BoundView(view[1], view[2], permit)
+
+
+def captured(result) -> Captured:
+    """Points a capture (`plan_capture`'s result) kept, and the parts it skipped (SAVE-4)."""
+    kept = sum(1 for o in result.outcome if o[0] in ("private", "shared"))
+    skipped = sum(1 for o in result.outcome if o[0].endswith("_skipped"))
+    return Captured(kept, skipped)

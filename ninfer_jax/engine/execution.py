@@ -1,0 +1,200 @@
+"""Execution: the Program's steps run for the cycle's rows, and the tokens they produce (SCH-1,
+SCH-8, OBS-1).
+
+A mixin of `EngineCore` (like units.py): one compact decode batch — or, with speculative
+decoding, one Verify unit per row (issue 17) — and one prefill chunk per cycle; each chunk's
+end reports compute demand and captures at the semantic frontier it ended on (HEAT-2, SAVE-*);
+sampling commits each row's next token, streams it and says whether it finished the request.
+The compute time the engine reports is the Program's own (`_compute`).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import ninfer_jax.engine.sampling as sampling
+from ninfer_jax.engine.request import DECODE, Request
+from ninfer_jax.engine.types import TokenDelta
+from ninfer_jax.program.program import DecodeRow
+
+
+class Execution:
+    def _compute(self, step, *args):
+        """Run one Program step and count its compute: the Program's own `step_seconds` when it
+        keeps one (the compiled call until its logits are on the host; building the inputs is
+        control work), else (None) the call's wall time (the cost-model Program)."""
+        before = self.program.step_seconds
+        t0 = time.perf_counter()
+        out = step(*args)
+        if before is None:
+            self.compute_seconds += time.perf_counter() - t0
+        else:
+            self.compute_seconds += self.program.step_seconds - before
+        return out
+
+    def _run_decode(self, rows: list[Request]) -> None:
+        if self.spec_k:
+            self._run_verify(rows)
+            return
+        # The rows' page lists are passed as they are (read during the call, never kept): a
+        # 45k-token context holds ~700 pages, copied for nothing every cycle otherwise.
+        logits = self._compute(self.program.decode, [DecodeRow(r.output[-1], r.fed, r.pages, r.slot) for r in rows])
+        self.counters["decode_steps"] += 1
+        plain = [sampling.plain_greedy(r.sampling) for r in rows]
+        picks = sampling.greedy_rows(logits[:len(rows)]) if any(plain) else None  # one argmax for the batch
+        now = self.program.clock()  # one step's tokens all appear at once
+        for i, r in enumerate(rows):
+            r.fed += 1
+            if r.fed > r.computed:
+                r.computed = r.fed
+            if plain[i]:  # chosen by the batch's argmax; its logits are not read again
+                self._sample(r, None, picks[i], now)
+            else:
+                self._sample(r, logits[i], None, now)
+
+    def _run_verify(self, rows: list[Request]) -> None:
+        """Speculative decode (issue 17): each row's Verify unit scores its token and its drafts
+        in one step; the emitted tokens are the target's own choices at each position (greedy:
+        the argmax; sampled: the draw of `sampling.sample` with the position's uniform; forced:
+        the recorded token), accepted drafts being those equal to that choice. This is the
+        standard speculative sampling for a deterministic drafter (accept d with probability
+        min(1, p(d)/q(d)) = p(d), else draw from the residual p without d), with the acceptance
+        uniform and the residual draw coupled through the one (seed, position) uniform: the
+        tokens are exactly those of decoding without drafts (doctrine 1), across batching,
+        reuse and pauses. The state is committed at the last token fed (CKP-2/3); a rejected
+        position leaves nothing that is ever read."""
+        wanted = [self._drafts(r) for r in rows]
+        logits, drafts = self._compute(self.program.spec_decode,
+                                       [DecodeRow(r.output[-1], r.fed, r.pages, r.slot, r.mtp_pages) for r in rows],
+                                       wanted)
+        self.counters["decode_steps"] += 1
+        now = self.program.clock()
+        keep, ends = [], []
+        for i, r in enumerate(rows):
+            choices = self._verified_choices(r, logits[i], drafts[i], wanted[i])
+            reason = None
+            fed = 0
+            for token, lp in choices:  # emitted in order; a finish drops the rest (never fed)
+                reason = self._emit(r, token, lp, now)
+                fed += 1
+                if reason is not None:
+                    break
+            accepted = min(fed, len(choices) - 1)  # drafts among the emitted tokens
+            self.counters["spec_verify_units"] += 1
+            self.counters["spec_drafted_tokens"] += wanted[i]
+            self.counters["spec_accepted_tokens"] += accepted
+            for j in range(accepted):
+                self.spec_accepted_by_position[j] += 1
+            keep.append(fed - 1)  # positions n .. n+fed-1 were fed: the state after n+fed-1 is kept
+            ends.append((r, fed, reason))
+        self._compute(self.program.spec_commit, keep)
+        for r, fed, reason in ends:
+            r.fed += fed
+            if r.fed > r.computed:
+                r.computed = r.fed
+            if reason is not None:
+                self._finish(r, reason)
+
+    def _verified_choices(self, req: Request, logits, drafts, wanted: int) -> list:
+        """(token, logprob entry) of each position the Verify unit decides: the target's choice at
+        positions n+1.., up to and including the first that differs from its draft (or the bonus
+        token after `wanted` accepted drafts)."""
+        sp = req.sampling
+        out = list(req.output)
+        base = len(req.prompt)
+        choices = []
+        for j in range(wanted + 1):
+            lp = None
+            if sp.forced_output:
+                token = sp.forced_output[len(out)]
+                if sp.logprobs:
+                    lp = sampling.logprob_of(logits[j], sp, token, req.prompt, out)
+            elif sampling.plain_greedy(sp):
+                token = int(np.argmax(np.asarray(logits[j], np.float32)))
+            else:
+                token, lp = sampling.sample(logits[j], sp, req.seed, base + len(out), req.prompt, out)
+            choices.append((token, lp))
+            out.append(token)
+            if j == wanted or token != int(drafts[j]):
+                break
+        return choices
+
+    def _run_prefill(self, req: Request) -> None:
+        n = self._chunk(req)
+        tokens = req.target[req.fed:req.fed + n]
+        logits = self._compute(self.program.prefill, tokens, req.fed, req.pages, req.slot,
+                               *((req.mtp_pages,) if self.spec_k else ()))
+        self.counters["prefill_chunks"] += 1
+        replay = req.replaying
+        # OBS-1: recomputing what was computed before a pause is Replay; the rest is prefill.
+        self.counters["replay_tokens" if replay else "prefill_tokens"] += n
+        lo = req.fed
+        req.fed += n
+        req.computed = max(req.computed, req.fed)
+        if not replay:
+            self.preempt.end_recovery(req)  # RES-5: a new prefill commit is real new progress
+            self._after_prefill(req, lo)
+        if req.fed < len(req.target):
+            return
+        req.phase = DECODE
+        if not req.output:
+            self._sample(req, logits)  # the prompt's end: its first token
+        # else the binding is rebuilt; the pending token is decoded next (PAUSE-5)
+
+    def _after_prefill(self, req: Request, lo: int) -> None:
+        """Report compute demand (HEAT-2) and capture at the semantic frontier the chunk ended
+        on (SAVE-1); a capture that cannot be admitted is skipped, never blocking (SAVE-5)."""
+        frontiers = [s.frontier for s in req.saves]
+        self.reuse.observe(req.ticket, self.reuse.identity_at(req, len(req.target)), lo, req.fed, frontiers)
+        for save in req.saves:
+            if save.frontier == req.fed:
+                self.reuse.capture(self.reuse.view_of(req), save)
+
+    def _sample(self, req: Request, logits, token: int | None = None, now: float | None = None) -> None:
+        """Commit the row's next token: `token` when the batch already chose it (plain greedy
+        rows share one argmax), else drawn from `logits` here. `now`: the batch's clock."""
+        lp = None
+        sp = req.sampling
+        output = req.output
+        if sp.forced_output:  # replay of a recorded output: the same decode path, no draw
+            token = sp.forced_output[len(output)]
+            lp = sampling.logprob_of(logits, sp, token, req.prompt, output) if sp.logprobs else None
+        elif token is None:
+            position = len(req.prompt) + len(output)
+            token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output)
+        reason = self._emit(req, token, lp, now)
+        if reason is not None:
+            self._finish(req, reason)
+
+    def _emit(self, req: Request, token: int, lp, now: float | None = None) -> str | None:
+        """Append a chosen token to the output and stream it; returns the finish reason it
+        causes ("stop", "length") or None. The caller finishes the request."""
+        if req.recovery_permit is not None:
+            self.preempt.end_recovery(req)  # RES-5: a generated token is real new progress
+        sp = req.sampling
+        output = req.output
+        if now is None:
+            now = self.program.clock()
+        if req.t_first_token is None:
+            req.t_first_token = now
+            self.histograms["time_to_first_token_seconds"].observe(now - req.t_submit)
+        else:
+            gap = now - req.t_last_token
+            if gap > req.max_gap:
+                req.max_gap = gap
+            self.histograms["inter_token_seconds"].observe(gap)
+        req.t_last_token = now
+        output.append(token)
+        self.counters["generated_tokens"] += 1
+        if lp is not None:
+            req.logprobs.append(lp)
+        detok = req.detok
+        text = detok.push(token)
+        req.outbox.push(TokenDelta((token,), text, (lp,) if lp is not None else ()))
+        n = len(output)
+        if detok.stopped or token in req.stop_ids or n == len(sp.forced_output) > 0:
+            return "stop"
+        if n >= sp.max_tokens or len(req.prompt) + n >= req.max_context:
+            return "length"
+        return None
