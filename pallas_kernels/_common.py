@@ -50,6 +50,39 @@ def check_float(name: str, x) -> None:
         raise KernelArgumentError(f"{name} must be a floating array, got dtype {x.dtype}")
 
 
+# XLA's CPU backend has no bfloat16 scatter: it converts the whole operand to float32 and
+# back, a round trip through every byte of a pool at each write (issue 33: 59 ms a step at 8192
+# pages). The "xla" path therefore keeps a bfloat16 pool as its uint16 bit patterns, "packed":
+# a write packs the rows it writes, a read unpacks the rows it read, a copy moves bits. The
+# Pallas path keeps bfloat16 (its kernels write rows, not a scatter).
+PACKED = jnp.dtype(jnp.uint16)
+
+
+def storage_dtype(dtype, backend: str):
+    """The dtype a pool of `dtype` is stored in on `backend` (PACKED for bfloat16 on "xla")."""
+    dtype = jnp.dtype(dtype)
+    return PACKED if backend == "xla" and dtype == jnp.bfloat16 else dtype
+
+
+def unpacked(x):
+    """Rows read from a pool, as numbers: a packed pool's bits read as bfloat16."""
+    return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == PACKED else x
+
+
+def packed_as(values, pool_dtype):
+    """`values` in a pool's storage dtype: cast, then packed if the pool is (packed values,
+    moved from another packed pool, stay as they are)."""
+    if jnp.dtype(pool_dtype) == PACKED and values.dtype != PACKED:
+        return jax.lax.bitcast_convert_type(values.astype(jnp.bfloat16), PACKED)
+    return values.astype(pool_dtype)
+
+
+def check_pool_float(name: str, x) -> None:
+    """A pool of numbers: floating, or packed bfloat16."""
+    if x.dtype != PACKED:
+        check_float(name, x)
+
+
 def check_float32(name: str, x) -> None:
     """Recurrent states stay float32 whatever the model dtype (their error compounds per token)."""
     if x.dtype != jnp.float32:

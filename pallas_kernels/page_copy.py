@@ -16,7 +16,9 @@ from pallas_kernels._common import (
     check_dims,
     check_int,
     largest_pow2_divisor,
+    packed_as,
     pallas_params,
+    unpacked,
 )
 
 # Elements moved per program: a power of two (Triton) that divides the row size exactly,
@@ -47,22 +49,24 @@ def _drop_negative(idx, n):
     return jnp.where(idx < 0, n, idx.astype(jnp.int32))
 
 
-def gather_reference(pool, idx):
+def gather_reference(pool, idx, *, unpack: bool = True):
+    """`unpack`: a packed pool's rows read as bfloat16 (copy keeps them packed)."""
     n = pool.shape[0]
     rows = pool[two_or_more(jnp.clip(idx, 0, n - 1), 0)][:idx.shape[0]]
     keep = (idx >= 0).reshape((-1,) + (1,) * (pool.ndim - 1))
-    return jnp.where(keep, rows, jnp.zeros((), pool.dtype))
+    rows = jnp.where(keep, rows, jnp.zeros((), pool.dtype))
+    return unpacked(rows) if unpack else rows
 
 
 def scatter_reference(pool, idx, values):
     n = pool.shape[0]
-    values = two_or_more(values.astype(pool.dtype), 0)  # the padding row goes to index n: dropped
+    values = two_or_more(packed_as(values, pool.dtype), 0)  # the padding row goes to index n: dropped
     return jnp.asarray(pool).at[two_or_more(_drop_negative(idx, n), n)].set(values, mode="drop")
 
 
 def copy_reference(pool, src, dst):
     dst = jnp.where(src < 0, -1, dst)
-    return scatter_reference(pool, dst, gather_reference(pool, src))
+    return scatter_reference(pool, dst, gather_reference(pool, src, unpack=False))
 
 
 # ----------------------------------------------------------------------------- public
@@ -74,7 +78,7 @@ def gather(
     *,
     backend: str = "xla",
 ):
-    """Returns pool[idx] [M, ...], zeros where idx < 0."""
+    """Returns pool[idx] [M, ...], zeros where idx < 0 (a packed pool's rows as bfloat16)."""
     check_backend(backend)
     _check_pool(pool)
     _check_index("idx", idx)
@@ -86,7 +90,7 @@ def gather(
 def scatter(
     pool,  # [N, ...]
     idx,  # [M] int32; negative -> skipped
-    values,  # [M, ...] (cast to pool.dtype)
+    values,  # [M, ...] (cast to pool.dtype; packed into a packed pool)
     *,
     backend: str = "xla",
 ):

@@ -23,12 +23,15 @@ from pallas_kernels._common import (
     check_dims,
     check_float,
     check_int,
+    check_pool_float,
     check_ndim,
     dot,
     is_pow2,
     next_pow2,
+    packed_as,
     pallas_params,
     two_or_more,
+    unpacked,
 )
 
 # Finite "minus infinity": a fully masked row then gives a finite (discarded) result instead
@@ -43,7 +46,7 @@ def _check_pools(k_pages, v_pages):
     check_ndim("k_pages", k_pages, 4, "[num_pages, page_size, kv_heads, head_dim]")
     if v_pages.shape != k_pages.shape:
         raise KernelArgumentError(f"v_pages has shape {v_pages.shape}, expected k_pages' shape {k_pages.shape}")
-    check_float("k_pages", k_pages)
+    check_pool_float("k_pages", k_pages)
     if v_pages.dtype != k_pages.dtype:
         raise KernelArgumentError(f"v_pages dtype {v_pages.dtype} differs from k_pages dtype {k_pages.dtype}")
 
@@ -108,7 +111,7 @@ def write_kv_reference(k_pages, v_pages, k_new, v_new, page_table, start_pos, le
 
     def put(pool, new):  # a lone token's write stays a scatter (two_or_more)
         flat = jnp.asarray(pool).reshape(n * ps, hkv, d)
-        rows = two_or_more(new.reshape(r * t, hkv, d).astype(pool.dtype), 0)
+        rows = two_or_more(packed_as(new.reshape(r * t, hkv, d), pool.dtype), 0)
         flat = flat.at[two_or_more(slots, n * ps)].set(rows, mode="drop")
         return flat.reshape(pool.shape)
 
@@ -144,7 +147,7 @@ def _gather_row_kv(pages, page_table):
     n, ps, hkv, d = pages.shape
     r, p = page_table.shape
     rows = pages[jnp.clip(page_table, 0, n - 1)]  # [R, P, page_size, kv_heads, head_dim]
-    return rows.reshape(r, p * ps, hkv, d).astype(jnp.float32)
+    return unpacked(rows).reshape(r, p * ps, hkv, d).astype(jnp.float32)
 
 
 def _attend_row(q, k, v, key_limit, scale):

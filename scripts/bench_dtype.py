@@ -26,6 +26,7 @@ rss   A bf16 checkpoint of DENSE (config.json + model.safetensors, written once 
     python scripts/bench_dtype.py time            # both models, 2 and 8 rows
     python scripts/bench_dtype.py rss             # a process of its own: peak RSS of a bf16 decode
     python scripts/bench_dtype.py time --plain    # as before issue 33: bf16 products asked for a bf16 result
+    python scripts/bench_dtype.py pools [--unpacked]  # decode with 64 vs 8192 KV pages (packed pools)
 
 --plain swaps `layers._product` for a plain `jnp.matmul` (what every product was before this
 change), to measure what the change removed.
@@ -47,7 +48,8 @@ import numpy as np
 from ninfer_jax.model import layers
 from ninfer_jax.model.config import parse_config
 from ninfer_jax.model.model import Model, load_model
-from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+from ninfer_jax.model.compiled import CompiledSteps
+from ninfer_jax.model.pools import PAGE_SIZE, init_pools
 from ninfer_jax.model.weights import hf_tensors, param_shapes
 
 _ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}
@@ -98,15 +100,17 @@ def dense_model(dtype, host: dict | None = None) -> Model:
 class Decoder:
     """One model's compiled decode step at `rows` rows, with its own pools."""
 
-    def __init__(self, model: Model, rows: int):
+    def __init__(self, model: Model, rows: int, context: int = CONTEXT, unpacked: bool = False):
         cfg = model.config
         self.steps = CompiledSteps(model, progress=False)
-        per_row = -(-CONTEXT // PAGE_SIZE)
-        self.kv, self.state = init_pools(cfg, rows * per_row, rows, model.dtype)
+        per_row = -(-context // PAGE_SIZE)
+        # unpacked: bf16 pools stored as bfloat16, as before packing (the Pallas path's storage)
+        storage = "pallas" if unpacked else self.steps.backend
+        self.kv, self.state = init_pools(cfg, rows * per_row, rows, model.dtype, storage)
         self.pool_bytes = sum(a.nbytes for a in jax.tree.leaves((self.kv, self.state)))
         self.weight_bytes = sum(a.nbytes for a in jax.tree.leaves(model.params))
         self.args = (jnp.arange(rows, dtype=jnp.int32) % cfg.vocab_size,
-                     jnp.full((rows,), CONTEXT - 1, jnp.int32),
+                     jnp.full((rows,), context - 1, jnp.int32),
                      jnp.arange(rows * per_row, dtype=jnp.int32).reshape(rows, per_row),
                      jnp.arange(rows, dtype=jnp.int32))
 
@@ -120,8 +124,9 @@ class Decoder:
         return (time.perf_counter() - start) / n
 
 
-def side_by_side(models: dict, rows: int, steps: int, rounds: int) -> dict:
-    decoders = {name: Decoder(m, rows) for name, m in models.items()}
+def side_by_side(models: dict, rows: int, steps: int, rounds: int, context: int = CONTEXT,
+                 unpacked: bool = False) -> dict:
+    decoders = {name: Decoder(m, rows, context, unpacked) for name, m in models.items()}
     for d in decoders.values():
         d.run(2)  # compile and warm up
     times = {name: [] for name in decoders}
@@ -144,10 +149,42 @@ def run_time(a) -> list[dict]:
     for name, (build, steps) in builders.items():
         models = {"float32": build(jnp.float32), "bfloat16": build(jnp.bfloat16)}
         for rows in a.rows:
-            fig = dict(model=name, steps=steps, **side_by_side(models, rows, steps, a.rounds))
+            fig = dict(model=name, steps=steps, **side_by_side(models, rows, steps, a.rounds, a.context, a.unpacked))
             _say(f"{name} rows={rows}: f32 {fig['f32_ms']:.3f} ms, bf16 {fig['bf16_ms']:.3f} ms, "
                  f"bf16/f32 {fig['bf16_over_f32']:.2f}")
             out.append(fig)
+    return out
+
+
+def run_pools(a) -> list[dict]:
+    """The built-in model's decode step at 2 rows with 64 and with 8,192 Main KV pages (the same
+    work: each row reads one page), float32 and bf16, 20 steps a round, 8 alternating rounds."""
+    out = []
+    storage = "pallas" if a.unpacked else "xla"  # "pallas": bf16 stored as bfloat16, unpacked
+    for dt in ("float32", "bfloat16"):
+        model = load_model("builtin:tiny-hybrid", dt)
+        runs = {}
+        for pages in (64, 8192):
+            steps = CompiledSteps(model, progress=False)
+            kv, state = init_pools(model.config, pages, 2, model.dtype, storage)
+            args = (jnp.array([5, 7], jnp.int32), jnp.array([9, 9], jnp.int32),
+                    jnp.array([[0], [1]], jnp.int32), jnp.array([0, 1], jnp.int32))
+            runs[pages] = [steps, kv, state, args]
+        times = {p: [] for p in runs}
+        for r in range(8):
+            for p, run in runs.items():
+                steps, kv, state, args = run
+                start = time.perf_counter()
+                for _ in range(20):
+                    logits, _, kv, state = steps.decode(kv, state, *args)
+                jax.block_until_ready(logits)
+                if r:  # the first round compiles
+                    times[p].append((time.perf_counter() - start) / 20)
+                run[1], run[2] = kv, state
+        ms = {p: 1e3 * statistics.median(t) for p, t in times.items()}
+        out.append({"dtype": dt, "ms_64_pages": ms[64], "ms_8192_pages": ms[8192], "ratio": ms[8192] / ms[64]})
+        _say(f"built-in {dt}{' unpacked' if a.unpacked else ''}: {ms[64]:.3f} ms on 64 pages, "
+             f"{ms[8192]:.3f} ms on 8192 (ratio {ms[8192] / ms[64]:.2f})")
     return out
 
 
@@ -186,7 +223,7 @@ def run_rss(a) -> dict:
     model = load_model(a.folder)  # "auto": the checkpoint's bfloat16
     assert model.dtype_name == "bfloat16"
     rss["loaded"], rss["loaded_trimmed"] = _rss_trimmed()
-    d = Decoder(model, max(a.rows))
+    d = Decoder(model, max(a.rows), a.context, a.unpacked)
     d.run(2)  # compile and warm up
     rss["compiled"], rss["compiled_trimmed"] = _rss_trimmed()
     with open("/proc/self/clear_refs", "w") as f:
@@ -212,19 +249,22 @@ def run_rss(a) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("time", "rss", "save"))
+    p.add_argument("what", choices=("time", "rss", "pools", "save"))
     p.add_argument("--rows", type=int, nargs="+", default=[2, 8], help="decode bucket(s)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--plain", action="store_true", help="bf16 products as before issue 33 (jnp.matmul)")
+    p.add_argument("--context", type=int, default=CONTEXT, help="Main KV tokens per row (the pools' size)")
+    p.add_argument("--unpacked", action="store_true",
+                   help="bf16 pools stored as bfloat16, as before packing (XLA's CPU scatter converts them whole)")
     p.add_argument("--folder", default="/tmp/ninfer_bench_dense1024_bf16", help="rss: the bf16 checkpoint")
     a = p.parse_args(argv)
     if a.what == "save":
         return save_checkpoint(a.folder)
     if a.plain:
         layers._product = _plain_product
-    res = run_time(a) if a.what == "time" else run_rss(a)
-    print(json.dumps({"what": a.what, "plain": a.plain, "backend": jax.default_backend(),
+    res = {"time": run_time, "rss": run_rss, "pools": run_pools}[a.what](a)
+    print(json.dumps({"what": a.what, "plain": a.plain, "context": a.context, "unpacked": a.unpacked, "backend": jax.default_backend(),
                       "jax": jax.__version__, "results": res}))
 
 

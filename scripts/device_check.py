@@ -341,7 +341,8 @@ def run_model(res: dict, raw: dict, a, peak: dict, budget_left) -> None:
     `budget_left()` is the seconds left of --budget_s."""
     from ninfer_jax.model.config import parse_config
     from ninfer_jax.model.model import Model
-    from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+    from ninfer_jax.model.compiled import CompiledSteps
+    from ninfer_jax.model.pools import PAGE_SIZE, init_pools
     from ninfer_jax.program.program import decode_buckets
 
     dtype = jnp.dtype(a.model_dtype)
@@ -381,7 +382,7 @@ def run_model(res: dict, raw: dict, a, peak: dict, budget_left) -> None:
     model = Model(config=cfg, params=params, dtype=dtype, name=f"random:qwen3.5-{name}-like")
     steps = CompiledSteps(model, backend=a.model_backend, progress=False)
     res["compilations"] = steps.compilations  # made JSON-ready by the caller, failure or not
-    kv, state = init_pools(cfg, num_pages, rows, dtype)
+    kv, state = init_pools(cfg, num_pages, rows, dtype, steps.backend)
     jax.block_until_ready((params, kv, state))
     res["setup_s"] = time.perf_counter() - t
     table = np.arange(num_pages, dtype=np.int32).reshape(rows, per_row)

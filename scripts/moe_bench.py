@@ -97,12 +97,13 @@ class Ours:
     """One CompiledSteps over the model with its own pools, `moe` the MoE its steps trace with."""
 
     def __init__(self, model, moe, rows: int, prompt: np.ndarray, steps_n: int):
-        from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+        from ninfer_jax.model.compiled import CompiledSteps
+        from ninfer_jax.model.pools import PAGE_SIZE, init_pools
 
         self.moe, self.prompt, self.steps_n = moe, prompt, steps_n
         self.steps = CompiledSteps(model, progress=False)
         self.per_row = -(-(len(prompt) + steps_n + 1) // PAGE_SIZE)
-        self.kv, self.state = init_pools(model.config, rows * self.per_row, rows, model.dtype)
+        self.kv, self.state = init_pools(model.config, rows * self.per_row, rows, model.dtype, self.steps.backend)
         self.table = np.arange(rows * self.per_row, dtype=np.int32).reshape(rows, self.per_row)
 
     def _traced(self, fn, *args):

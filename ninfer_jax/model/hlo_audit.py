@@ -7,6 +7,8 @@ into two fusions — and donation alone does not show it: the output still alias
 `pool_copies` finds those copies in the compiled text; the test of every step at every bucket
 (tests/model/test_in_place.py) and `ninfer bench engine`'s capacity ratio rest on it.
 
+`pool_converts` finds a pool leaf converted whole (XLA's CPU bfloat16 scatter).
+
 `whole_weight_converts` finds the other per-step cost that does not follow the work: a weight
 of a narrow dtype (bfloat16) converted whole to float32 inside the step, which XLA's CPU
 backend does around any dot it cannot run in that dtype (tests/model/test_model_dtype_weights.py).
@@ -77,6 +79,39 @@ def _result(m: re.Match, dtype: str, shapes: set[tuple[int, ...]]) -> bool:
 def _converts_to(lines: list[str], dtype: str, shapes: set[tuple[int, ...]]) -> bool:
     """Whether `lines` hold a convert to `dtype` of one of `shapes`."""
     return any((m := _INSTR.match(line)) and m.group(3) == "convert" and _result(m, dtype, shapes) for line in lines)
+
+
+def pool_converts(hlo_text: str, pool_leaves: Iterable[tuple[Iterable[int], object]]) -> list[str]:
+    """The instructions of `hlo_text` that convert a whole pool leaf, in any dtype: a `convert`
+    or `bitcast-convert` with a pool leaf's element count, or a fusion with that count holding
+    one. XLA's CPU backend wraps a bfloat16 scatter in two of them (the pool to float32 and
+    back: a whole pool's round trip per write), which is why the "xla" path keeps bfloat16 pools
+    packed (pallas_kernels._common.PACKED). Fusion bodies are read through their callers."""
+    counts = {leaf_signature(shape, dtype)[1] for shape, dtype in pool_leaves}
+    comps = _computations(hlo_text)
+    fused = {c for lines in comps.values() for line in lines if " fusion(" in line for c in _CALLS.findall(line)}
+
+    def whole(m: re.Match) -> bool:
+        return math.prod(int(d) for d in m.group(2).split(",") if d) in counts
+
+    def converting(lines: list[str]) -> bool:
+        return any((m := _INSTR.match(line)) and m.group(3) in _CONVERTS and whole(m) for line in lines)
+
+    found = []
+    for name, lines in comps.items():
+        if name in fused:
+            continue
+        for line in lines:
+            m = _INSTR.match(line)
+            if m is None or not whole(m):
+                continue
+            called = _CALLS.findall(line) if m.group(3) == "fusion" else []
+            if m.group(3) in _CONVERTS or any(converting(comps.get(c, [])) for c in called):
+                found.append(line.strip()[:160])
+    return found
+
+
+_CONVERTS = ("convert", "bitcast-convert")
 
 
 def whole_weight_converts(hlo_text: str, weight_shapes: Iterable[Iterable[int]], to="float32") -> list[str]:

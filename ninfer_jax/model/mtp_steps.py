@@ -31,8 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.steps import PAGE_SIZE, StepArgumentError, _arg
+from ninfer_jax.model.pools import PAGE_SIZE, POOL, StepArgumentError, check_arg
 from pallas_kernels import paged_attention
+from pallas_kernels._common import storage_dtype
 
 MAX_DRAFT = 4  # EngineConfig(speculative_tokens) is 0..4
 SLOT_SHIFT = 1  # MTP index i is stored at page slot i + 1 (see `mtp_attention`)
@@ -64,8 +65,10 @@ def mtp_pool_geometry(cfg: ModelConfig, dtype, page_size: int = PAGE_SIZE) -> MT
                            jnp.dtype(dtype).itemsize)
 
 
-def init_mtp_pool(cfg: ModelConfig, num_pages: int, dtype, page_size: int = PAGE_SIZE) -> dict:
+def init_mtp_pool(cfg: ModelConfig, num_pages: int, dtype, page_size: int = PAGE_SIZE, backend: str = "xla") -> dict:
+    """Zeroed MTP KV pages, stored as `backend` keeps `dtype` (as `pools.init_pools`)."""
     g = mtp_pool_geometry(cfg, dtype, page_size)
+    dtype = storage_dtype(dtype, backend)
     shape = (num_pages, g.page_size, g.kv_heads, g.head_dim)
     return {"k": tuple(jnp.zeros(shape, dtype) for _ in range(g.num_layers)),
             "v": tuple(jnp.zeros(shape, dtype) for _ in range(g.num_layers))}
@@ -81,34 +84,34 @@ def check_mtp_pool(pool, cfg: ModelConfig, where: str) -> None:
             raise StepArgumentError(f"pool {key!r} of {where}: expected a tuple of {n} arrays (one per MTP layer)")
     shape = (None, None, cfg.num_key_value_heads, cfg.head_dim)
     for i in range(n):
-        _arg(where, f"mtp_kv['k'][{i}]", pool["k"][i], shape, float)
-        _arg(where, f"mtp_kv['v'][{i}]", pool["v"][i], tuple(pool["k"][i].shape), float)
+        check_arg(where, f"mtp_kv['k'][{i}]", pool["k"][i], shape, POOL)
+        check_arg(where, f"mtp_kv['v'][{i}]", pool["v"][i], tuple(pool["k"][i].shape), POOL)
 
 
 def check_mtp_prefill_args(pool, final, next_tokens, start_pos, lengths, page_table, cfg: ModelConfig) -> None:
     where = "mtp_prefill"
-    _arg(where, "next_tokens", next_tokens, rank=2, kind=int)
+    check_arg(where, "next_tokens", next_tokens, rank=2, kind=int)
     r, t = next_tokens.shape
-    _arg(where, "final", final, (r, t, cfg.hidden_size), float)
+    check_arg(where, "final", final, (r, t, cfg.hidden_size), float)
     for name, x in (("start_pos", start_pos), ("lengths", lengths)):
-        _arg(where, name, x, (r,), int)
-    _arg(where, "page_table", page_table, (r, None), int)
+        check_arg(where, name, x, (r,), int)
+    check_arg(where, "page_table", page_table, (r, None), int)
     check_mtp_pool(pool, cfg, where)
 
 
 def check_mtp_draft_args(pool, final, tokens, positions, page_table, cfg: ModelConfig) -> None:
     where = "mtp_draft"
-    _arg(where, "tokens", tokens, rank=1, kind=int)
+    check_arg(where, "tokens", tokens, rank=1, kind=int)
     b = tokens.shape[0]
-    _arg(where, "final", final, (b, cfg.hidden_size), float)
-    _arg(where, "positions", positions, (b,), int)
-    _arg(where, "page_table", page_table, (b, None), int)
+    check_arg(where, "final", final, (b, cfg.hidden_size), float)
+    check_arg(where, "positions", positions, (b,), int)
+    check_arg(where, "page_table", page_table, (b, None), int)
     check_mtp_pool(pool, cfg, where)
 
 
 # ---- the steps -----------------------------------------------------------------------------
 
-def _mtp_chunk(lm, pool, final, next_tokens, start_pos, lengths, page_table, cfg, backend):
+def mtp_chunk(lm, pool, final, next_tokens, start_pos, lengths, page_table, cfg, backend):
     """MTP indices start_pos[r] + t, t < lengths[r]: final `[R, T, H]`, next_tokens `[R, T]` →
     (MTP output hidden `[R, T, H]` after mtp.norm, pool with their K/V written)."""
     head = lm.mtp
@@ -148,7 +151,7 @@ def mtp_prefill(params, pool, final, next_tokens, start_pos, lengths, page_table
     the MTP output hidden there `[R, H]`, pool)."""
     check_mtp_prefill_args(pool, final, next_tokens, start_pos, lengths, page_table, cfg)
     lm = merger(params)
-    out, pool = _mtp_chunk(lm, pool, final, next_tokens, start_pos, lengths, page_table, cfg, backend)
+    out, pool = mtp_chunk(lm, pool, final, next_tokens, start_pos, lengths, page_table, cfg, backend)
     last = out[jnp.arange(out.shape[0]), jnp.maximum(lengths - 1, 0)]
     return lm.logits(out if all_logits else last), last, pool
 
@@ -172,7 +175,7 @@ def mtp_draft(params, pool, final, tokens, positions, page_table, *, k: int, cfg
     hidden, token = final, tokens
     drafts, logits = [], []
     for i in range(k):  # CKP-3: step 0 is the frontier−1 bridge, later steps recurse on MTP hiddens
-        out, pool = _mtp_chunk(lm, pool, hidden[:, None], token[:, None], start + i, lengths, page_table,
+        out, pool = mtp_chunk(lm, pool, hidden[:, None], token[:, None], start + i, lengths, page_table,
                                cfg, backend)
         hidden = out[:, 0]
         step_logits = lm.logits(hidden)

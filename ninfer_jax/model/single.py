@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.errors import RequestError
-from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+from ninfer_jax.model.compiled import CompiledSteps
+from ninfer_jax.model.pools import PAGE_SIZE, init_pools
 
 
 def sample(logits: np.ndarray, temperature: float, seed: int, position: int) -> int:
@@ -38,7 +39,7 @@ def generate(steps: CompiledSteps, prompt: Iterable[int], max_tokens: int, *, ma
     if len(prompt) + max_tokens > max_context:
         raise RequestError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds max_context ({max_context})")
     pages = math.ceil(max_context / PAGE_SIZE)
-    kv, state = init_pools(cfg, pages, 1, steps.model.dtype)
+    kv, state = init_pools(cfg, pages, 1, steps.model.dtype, steps.backend)
     page_table = jnp.arange(pages, dtype=jnp.int32)[None]
     slot = jnp.zeros((1,), jnp.int32)
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.mtp_steps import _mtp_chunk
-from ninfer_jax.model.steps import check_decode_args, prefill_chunk, write_hidden_state
+from ninfer_jax.model.mtp_steps import mtp_chunk
+from ninfer_jax.model.pools import check_decode_args, write_hidden_state
+from ninfer_jax.model.steps import prefill_chunk
 from ninfer_jax.model.verify_step import keep_verified, verify_step
 from pallas_kernels import page_copy
 
@@ -46,7 +47,7 @@ def prefill_spec(params, kv, state, mtp, tokens, start_pos, lengths, page_table,
                                                    slots, cfg=cfg, backend=backend, merger=merger, with_final=True,
                                                    write_hidden=False)
     hidden = jnp.concatenate([prev[:, None].astype(final.dtype), final[:, :-1]], axis=1)
-    _, mtp = _mtp_chunk(lm, mtp, hidden, tokens, start_pos - 1, lengths, mtp_table, cfg, backend)
+    _, mtp = mtp_chunk(lm, mtp, hidden, tokens, start_pos - 1, lengths, mtp_table, cfg, backend)
     state = write_hidden_state(state, slots, lengths, last, backend=backend, read=prev)  # in place after `prev`
     return logits, last, kv, state, mtp
 
@@ -66,7 +67,7 @@ def spec_decode(params, kv, state, mtp, tokens, positions, page_table, mtp_table
     token, drafts = tokens, []
     for i in range(k):  # CKP-3: step 0 is the frontier−1 bridge, later steps recurse on MTP hiddens
         write = (active & ((i == 0) | (i < wanted))).astype(jnp.int32)
-        out, mtp = _mtp_chunk(lm, mtp, hidden[:, None], token[:, None], positions - 1 + i, write, mtp_table,
+        out, mtp = mtp_chunk(lm, mtp, hidden[:, None], token[:, None], positions - 1 + i, write, mtp_table,
                               cfg, backend)
         hidden = out[:, 0]
         token = jnp.argmax(lm.logits(hidden), axis=-1).astype(jnp.int32)
@@ -88,5 +89,5 @@ def spec_commit(params, state, mtp, verified, final, drafts, positions, keep, mt
     state = keep_verified(state, slots, verified, final, keep, backend=backend)
     k = drafts.shape[1]
     lengths = jnp.where(slots >= 0, keep, 0).astype(jnp.int32)
-    _, mtp = _mtp_chunk(lm, mtp, final[:, :k], drafts, positions, lengths, mtp_table, cfg, backend)
+    _, mtp = mtp_chunk(lm, mtp, final[:, :k], drafts, positions, lengths, mtp_table, cfg, backend)
     return state, mtp

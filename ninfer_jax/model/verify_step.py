@@ -16,7 +16,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from ninfer_jax.model.config import LINEAR, ModelConfig
-from ninfer_jax.model.steps import _module, _read_state, check_prefill_args, main_attention_chunk
+from ninfer_jax.model.pools import check_prefill_args, read_state
+from ninfer_jax.model.steps import main_attention_chunk, model_module
 from pallas_kernels import conv1d, gdn, page_copy
 
 
@@ -30,7 +31,7 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
     verified) with verified = {"conv": per GDN layer `[B, T, K-1, C]`, "recurrent": per GDN
     layer `[B, T, Hv, Dk, Dv]` float32}: the state after each position."""
     check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg, where="verify_step")
-    lm = _module(params, cfg, merger)
+    lm = model_module(params, cfg, merger)
     t_len = tokens.shape[1]
     positions = start_pos[:, None] + jnp.arange(t_len)[None, :]
     fresh = start_pos == 0
@@ -40,7 +41,7 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
     for layer in lm.layers:
         h = layer.mixer_norm(x)
         if layer.kind == LINEAR:
-            conv_state, rec_state = _read_state(state, lin, slots, fresh, backend)
+            conv_state, rec_state = read_state(state, lin, slots, fresh, backend)
             mixed, z, b, a = layer.gdn_project(h)
             outs, conv_after, rec_after = [], [], []
             for t in range(t_len):  # one position at a time: the state after each is kept

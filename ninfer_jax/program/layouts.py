@@ -1,4 +1,4 @@
-"""Pool pytrees in the shapes the model uses (`ninfer_jax.model.steps.init_pools` builds the
+"""Pool pytrees in the shapes the model uses (`ninfer_jax.model.pools.init_pools` builds the
 same structure; any pytree with a leading unit axis works, so the model's own pools can be
 wrapped directly: `UnitPool(MAIN_KV, KV_PAGES, kv, 64)`, `UnitPool(STATE_POOL, STATE_SLOTS, state)`).
 """

@@ -32,6 +32,7 @@ import numpy as np
 
 from ledger import KV_PAGES, STATE_SLOTS, PoolSpec
 from ninfer_jax.compile_cache import compile_counted
+from pallas_kernels._common import unpacked
 
 
 def bucket(k: int) -> int:
@@ -96,8 +97,8 @@ def _copy(leaves, src, dst):  # src, dst: [b]
     return [leaf.at[dst].set(jnp.take(leaf, src, axis=0)) for leaf in leaves]
 
 
-def _hidden(leaf, idx):  # one unit's row of the `hidden` leaf
-    return jnp.take(leaf, idx, axis=0)[0]
+def _hidden(leaf, idx):  # one unit's row of the `hidden` leaf, as numbers (a packed pool's bits)
+    return unpacked(jnp.take(leaf, idx, axis=0)[0])
 
 
 _JIT = {

@@ -1,7 +1,7 @@
 import pytest
 
 from ninfer_jax.model.model import load_model
-from ninfer_jax.model.steps import CompiledSteps
+from ninfer_jax.model.compiled import CompiledSteps
 from oracle_paths import ORACLE_TYPES, oracle_dir
 
 

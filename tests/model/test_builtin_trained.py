@@ -11,7 +11,7 @@ import pytest
 from ninfer_jax.frontend import Tokenizer
 from ninfer_jax.model import builtin, load_model
 from ninfer_jax.model.single import generate
-from ninfer_jax.model.steps import CompiledSteps
+from ninfer_jax.model.compiled import CompiledSteps
 from ninfer_jax.train import corpus
 from ninfer_jax.train.evaluate import heldout_figures, heldout_windows
 

@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from ninfer_jax.config import ContextCacheConfig, EngineConfig
-from ninfer_jax.model.hlo_audit import pool_copies
+from ninfer_jax.model.hlo_audit import pool_converts, pool_copies
 from ninfer_jax.program.calibrate import CostRates
 from ninfer_jax.program.program import Program
 from oracle_paths import oracle_dir
@@ -23,19 +23,25 @@ def _pool_leaves(program):
 
 
 def _audit(program) -> dict:
-    """{executable name: [pool copies]} for every step bucket and every byte mover."""
+    """{executable name: [whole pool leaf copies and converts]} for every step bucket and every
+    byte mover."""
     leaves = _pool_leaves(program)
+
+    def whole(exe):
+        text = exe.as_text()
+        return pool_copies(text, leaves) + pool_converts(text, leaves)
+
     found = {}
     for bucket, exe in program.steps._executables.items():
-        found[f"{bucket[0]}{bucket[1:]}"] = pool_copies(exe.as_text(), leaves)
+        found[f"{bucket[0]}{bucket[1:]}"] = whole(exe)
     for pool_id, pool in program.stores.pools.items():
         for (mover, b), exe in pool._executables.items():
-            found[f"{pool_id}.{mover}[{b}]"] = pool_copies(exe.as_text(), leaves)
+            found[f"{pool_id}.{mover}[{b}]"] = whole(exe)
     return found
 
 
-def _warm(model, model_name, c, spec=0):
-    config = EngineConfig(model=model_name, max_concurrency=c, max_context=192, kv_capacity=(2 * c + 1) * 64,
+def _warm(model, model_name, c, spec=0, dtype="auto"):
+    config = EngineConfig(model=model_name, dtype=dtype, max_concurrency=c, max_context=192, kv_capacity=(2 * c + 1) * 64,
                           chunk_size=32, speculative_tokens=spec, progress=False,
                           context_cache=ContextCacheConfig(device_state_slots=3, host_capacity_bytes=0))
     program = Program(config, model=model)
@@ -55,6 +61,22 @@ def test_every_builtin_step_updates_its_pools_in_place(builtin_model, spec):
     assert sum(name.startswith(decode + "(") for name in found) == len(program.decode_buckets) == 2, found  # buckets 2 and 4
     copies = {name: c for name, c in found.items() if c}
     assert not copies, f"steps copying a whole pool leaf: {copies}"
+
+
+@pytest.mark.parametrize("spec", [0, 2])
+def test_bf16_steps_update_their_packed_pools_in_place(spec):
+    """bfloat16 pools on the "xla" path are stored packed (uint16 bits): XLA's CPU scatter of
+    bfloat16 would convert the whole pool to float32 and back at every write."""
+    import jax.numpy as jnp
+
+    from ninfer_jax.model.model import load_model
+    from pallas_kernels._common import PACKED
+
+    program = _warm(load_model("builtin:tiny-hybrid", "bfloat16"), "builtin:tiny-hybrid", 4, spec, "bfloat16")
+    dtypes = {leaf[1] for leaf in _pool_leaves(program)}
+    assert dtypes == {PACKED, jnp.dtype(jnp.float32)}, dtypes  # float32: the recurrent states
+    whole = {name: c for name, c in _audit(program).items() if c}
+    assert not whole, f"steps copying or converting a whole pool leaf: {whole}"
 
 
 def test_moe_steps_update_their_pools_in_place(oracle_models):
@@ -86,3 +108,18 @@ def test_the_audit_sees_a_pool_copy_and_one_row_steps_avoid_it():
     for fn, copies in ((plain, True), (kernels, False)):
         text = jax.jit(fn, donate_argnums=0).lower(pool, jnp.int32(0)).compile().as_text()
         assert bool(pool_copies(text, leaves)) == copies, (fn.__name__, text)
+
+
+def test_the_audit_sees_a_bf16_scatter_convert_the_pool_and_packing_avoids_it():
+    """XLA's CPU backend scatters bfloat16 through float32: the whole pool converted there and
+    back. The same write into a packed pool (storage_dtype on "xla") converts nothing."""
+    import jax.numpy as jnp
+
+    from pallas_kernels import page_copy
+    from pallas_kernels._common import storage_dtype
+
+    for dtype, converts in ((jnp.bfloat16, True), (storage_dtype(jnp.bfloat16, "xla"), False)):
+        pool = jnp.zeros((37, 5, 3), dtype)
+        write = jax.jit(lambda p, i, v: page_copy.scatter(p, i, v), donate_argnums=0)
+        text = write.lower(pool, jnp.array([1, 2]), jnp.ones((2, 5, 3), jnp.bfloat16)).compile().as_text()
+        assert bool(pool_converts(text, [((37, 5, 3), dtype)])) == converts, (dtype, text)

@@ -15,7 +15,8 @@ import pytest
 from ninfer_jax.model import layers
 from ninfer_jax.model.hlo_audit import whole_weight_converts
 from ninfer_jax.model.model import load_model
-from ninfer_jax.model.steps import CompiledSteps, init_pools
+from ninfer_jax.model.compiled import CompiledSteps
+from ninfer_jax.model.pools import init_pools
 from ninfer_jax.program.program import DECODE_BUCKETS
 
 PROMPT = np.array([(7 * i + 3) % 1000 for i in range(40)], np.int32)

@@ -4,7 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ninfer_jax.model.steps import CompiledSteps, StepArgumentError, decode_step, init_pools, prefill_chunk
+from ninfer_jax.model.compiled import CompiledSteps
+
+from ninfer_jax.model.pools import StepArgumentError, init_pools
+
+from ninfer_jax.model.steps import decode_step, prefill_chunk
 
 R, T, P = 2, 64, 4
 

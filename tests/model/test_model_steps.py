@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ninfer_jax.model.steps import init_pools
+from ninfer_jax.model.pools import init_pools
 
 TOL = 1e-4
 T_BUCKET = 64

@@ -22,7 +22,8 @@ import pytest
 from ninfer_jax.model.hlo_audit import expert_relayouts
 from ninfer_jax.model.config import parse_config
 from ninfer_jax.model.model import Model, load_model
-from ninfer_jax.model.steps import CompiledSteps, init_pools
+from ninfer_jax.model.compiled import CompiledSteps
+from ninfer_jax.model.pools import init_pools
 from ninfer_jax.model.weights import param_shapes
 from oracle_paths import oracle_dir
 

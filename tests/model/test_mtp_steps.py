@@ -15,7 +15,7 @@ from ninfer_jax.model import builtin, load_model
 from ninfer_jax.model.config import load_config
 from ninfer_jax.model.modules import HybridLM, init_params
 from ninfer_jax.model.mtp_steps import MTPSteps, init_mtp_pool, mtp_pool_geometry
-from ninfer_jax.model.steps import StepArgumentError
+from ninfer_jax.model.pools import StepArgumentError
 from ninfer_jax.model.weights import mtp_params
 from oracle_paths import oracle_dir
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ninfer_jax.model.steps import PAGE_SIZE, StepArgumentError, init_pools
+from ninfer_jax.model.pools import PAGE_SIZE, StepArgumentError, init_pools
 from ninfer_jax.model.verify_step import keep_verified, verify_step
 
 TOL = 1e-5  # float32; measured worst ~1e-6 (logits: chunk vs decode attention)

@@ -1,4 +1,5 @@
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -70,3 +71,21 @@ def test_interpret_matches_reference():
                                   np.asarray(page_copy.scatter(pool, idx, vals)))
     np.testing.assert_array_equal(np.asarray(page_copy.copy(pool, src, dst, backend="interpret")),
                                   np.asarray(page_copy.copy(pool, src, dst)))
+
+
+def test_packed_pool_rows_read_as_bfloat16_and_copy_as_bits():
+    """A packed pool's rows gather as bfloat16, scatter packs bfloat16 (or wider) values, and a
+    copy moves the bits untouched (no numeric convert of uint16)."""
+    from pallas_kernels._common import PACKED, unpacked
+
+    values = jnp.asarray(np.random.default_rng(5).standard_normal((6, 3, 4)), jnp.bfloat16)
+    pool = jax.lax.bitcast_convert_type(values, PACKED)
+    got = page_copy.gather(pool, jnp.array([4, -1, 0], jnp.int32))
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(values[4], np.float32))
+    assert not np.asarray(got[1], np.float32).any()
+    written = page_copy.scatter(pool, jnp.array([1], jnp.int32), values[5:6].astype(jnp.float32))
+    assert written.dtype == PACKED
+    np.testing.assert_array_equal(np.asarray(unpacked(written)[1], np.float32), np.asarray(values[5], np.float32))
+    copied = page_copy.copy(pool, jnp.array([2, 3], jnp.int32), jnp.array([0, 5], jnp.int32))
+    np.testing.assert_array_equal(np.asarray(copied)[[0, 5]], np.asarray(pool)[[2, 3]])

@@ -46,6 +46,31 @@ def test_write_kv_casts_to_pool_dtype():
                                   np.asarray(jnp.asarray(kn[0], jnp.bfloat16), np.float32))
 
 
+def test_packed_pools_write_and_read_as_bfloat16():
+    """A packed pool (uint16 bits of bfloat16, the "xla" path's storage) holds the same bits a
+    bfloat16 pool would: writes and both attentions agree bit for bit."""
+    from pallas_kernels._common import PACKED, storage_dtype, unpacked
+
+    assert storage_dtype(jnp.bfloat16, "xla") == PACKED and storage_dtype(jnp.bfloat16, "pallas") == jnp.bfloat16
+    assert storage_dtype(jnp.float32, "xla") == jnp.float32
+    rng = np.random.default_rng(4)
+    kp, vp = (jnp.asarray(a, jnp.bfloat16) for a in _pools(rng))
+    packed = [jax.lax.bitcast_convert_type(x, PACKED) for x in (kp, vp)]
+    kn = rng.standard_normal((3, 6, HKV, D)).astype(np.float32)
+    args = (kn, -kn, _tables(), np.array([2, 5, 9], np.int32), np.array([6, 3, 0], np.int32))
+    plain, packs = pa.write_kv(kp, vp, *args), pa.write_kv(*packed, *args)
+    assert packs[0].dtype == PACKED
+    for a, b in zip(plain, packs):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(unpacked(b), np.float32))
+    q = rng.standard_normal((3, 5, HQ, D)).astype(np.float32)
+    rows = (_tables(), np.array([0, 6, 3], np.int32), np.array([5, 4, 2], np.int32))
+    np.testing.assert_array_equal(np.asarray(pa.prefill_attention(q, *plain, *rows, scale=0.3)),
+                                  np.asarray(pa.prefill_attention(q, *packs, *rows, scale=0.3)))
+    ctx = np.array([1, 13, 7], np.int32)
+    np.testing.assert_array_equal(np.asarray(pa.decode_attention(q[:, 0], *plain, _tables(), ctx, scale=0.5)),
+                                  np.asarray(pa.decode_attention(q[:, 0], *packs, _tables(), ctx, scale=0.5)))
+
+
 def _attention_case(seed=2, t=5, start=(0, 6, 3), lengths=(5, 4, 0)):
     rng = np.random.default_rng(seed)
     kp, vp = _pools(rng)

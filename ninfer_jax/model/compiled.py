@@ -1,0 +1,147 @@
+"""The jitted steps of one model: one table of what each step donates (`jit_step`, shared
+with `ninfer lower`), and `CompiledSteps`, which compiles each shape bucket once and says so.
+
+Every step (`steps.py`, and the speculative ones in `spec_steps.py` over `mtp_steps.py`)
+updates its pools in place: the pools are donated, and tests/model/test_in_place.py reads each
+compiled step for a whole-pool copy or convert.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from ninfer_jax.compile_cache import compile_counted
+from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model import spec_steps
+from ninfer_jax.model.model import Model
+from ninfer_jax.model.mtp_steps import MTPSteps
+from ninfer_jax.model.pools import StepArgumentError, check_decode_args, check_prefill_args
+from ninfer_jax.model.steps import decode_step, prefill_chunk
+
+
+# The pools each step donates (argument positions after the params' leaves at 0): what the
+# engine's CompiledSteps and `ninfer lower` both jit, from this one table.
+_DONATED = {"prefill": (1, 2), "decode": (1, 2), "prefill_spec": (1, 2, 3), "spec_decode": (1, 3),
+            "spec_commit": (1, 2)}
+
+
+def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = None):
+    """The jitted step `kind` (prefill, decode, prefill_spec, spec_decode with `k` drafts,
+    spec_commit) of a model split into `merger` and leaves, its pools donated (_DONATED)."""
+    fn = {"prefill": prefill_chunk, "decode": decode_step, "prefill_spec": spec_steps.prefill_spec,
+          "spec_decode": functools.partial(spec_steps.spec_decode, k=k), "spec_commit": spec_steps.spec_commit}[kind]
+    static = ("all_logits",) if kind == "prefill" else ()
+    return jax.jit(functools.partial(fn, cfg=cfg, backend=backend, merger=merger), static_argnames=static,
+                   donate_argnums=_DONATED[kind])
+
+
+def _pool_signature(kv, state) -> tuple:
+    return tuple((tuple(a.shape), jnp.dtype(a.dtype).name) for a in jax.tree.leaves((kv, state)))
+
+
+@dataclasses.dataclass
+class Compilation:
+    bucket: tuple
+    seconds: float
+    from_cache: bool = False  # read back from JAX's persistent compilation cache, not compiled
+
+
+class CompiledSteps:
+    """The jitted steps of one model, compiled once per shape bucket with the pools donated.
+
+    Every compilation is recorded (`compilations`) and announced on stderr, so callers can
+    warm up every bucket and then assert that nothing compiles again.
+    """
+
+    def __init__(self, model: Model, backend: str = "xla", progress: bool = True):
+        self.model = model
+        self.backend = backend
+        self.progress = progress
+        self.compilations: list[Compilation] = []
+        self._executables: dict[tuple, object] = {}
+        self._pools: tuple | None = None  # shapes and dtypes of the pools the executables take
+        self._compiled_pools: tuple | None = None  # those of the first compilation (for error messages)
+        merger, _ = model.functional
+        self._prefill = jit_step("prefill", model.config, backend, merger)
+        self._decode = jit_step("decode", model.config, backend, merger)
+
+    def bind_pools(self, kv, state) -> None:
+        """Declare the pools these steps will run on. Buckets are keyed by the per-call shapes
+        only, so every Program sharing these steps must have pools of the same shapes."""
+        shapes = _pool_signature(kv, state)
+        if self._pools is None:
+            self._pools = shapes
+        elif self._pools != shapes:
+            raise ValueError("these compiled steps run on pools of other shapes (another capacity or "
+                             "dtype): build new CompiledSteps for this Program")
+
+    def _executable(self, kind: str, fn, args: tuple, static: dict):
+        bucket = (kind,) + tuple(a.shape for a in jax.tree.leaves(args[3:])) + tuple(sorted(static.items()))
+        exe = self._executables.get(bucket)
+        if exe is None:
+            start = time.perf_counter()
+            exe, from_cache = compile_counted(fn.lower(*args, **static))
+            seconds = time.perf_counter() - start
+            if self._compiled_pools is None:
+                self._compiled_pools = _pool_signature(args[1], args[2])
+            self.compilations.append(Compilation(bucket, seconds, from_cache))
+            self._executables[bucket] = exe
+            if self.progress:  # the per-call array shapes; pools and per-position states are not shown
+                shown = tuple(a.shape for a in args[3:] if hasattr(a, "shape")) + tuple(sorted(static.items()))
+                how = "read from the compilation cache" if from_cache else "compiled"
+                print(f"[ninfer] {how}: {kind} bucket {shown} in {seconds:.1f}s", file=sys.stderr)
+        return exe
+
+    def _run(self, kind: str, fn, args: tuple, static: dict, check):
+        exe = self._executable(kind, fn, args, static)  # a new bucket traces: the checks run there
+        try:
+            return exe(*args)
+        except (TypeError, ValueError):
+            # A cached executable called with other dtypes or pools: name the argument.
+            check(*args[1:], self.model.config)
+            if self._compiled_pools not in (None, _pool_signature(args[1], args[2])):
+                raise StepArgumentError(f"{kind}: pools of other shapes or dtypes than these steps were compiled "
+                                        "for (another capacity?): build new CompiledSteps for them") from None
+            raise
+
+    def prefill(self, kv, state, tokens, start_pos, lengths, page_table, slots, *, all_logits=False):
+        args = (self.model.functional[1], kv, state, tokens, start_pos, lengths, page_table, slots)
+        return self._run("prefill", self._prefill, args, {"all_logits": all_logits}, check_prefill_args)
+
+    def decode(self, kv, state, tokens, positions, page_table, slots):
+        args = (self.model.functional[1], kv, state, tokens, positions, page_table, slots)
+        return self._run("decode", self._decode, args, {}, check_decode_args)
+
+    # ---- speculative decoding (spec_steps.py) ----------------------------------------------
+    def enable_speculative(self, k: int) -> None:
+        """Build the MTP steps for `k` drafts per row (spec_steps.py): the model with its MTP head
+        split once over the same device arrays (mtp_steps.MTPSteps), the pools donated as above
+        (the MTP pool too; the state only where it is written)."""
+        mtp = MTPSteps.for_model(self.model, self.backend)
+        self.speculative_tokens = k
+        self._spec_leaves = mtp.leaves
+        cfg, backend = self.model.config, self.backend
+        self._spec_prefill = jit_step("prefill_spec", cfg, backend, mtp.merger)
+        self._spec_decode = jit_step("spec_decode", cfg, backend, mtp.merger, k)
+        self._spec_commit = jit_step("spec_commit", cfg, backend, mtp.merger)
+
+    def prefill_spec(self, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots):
+        args = (self._spec_leaves, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots)
+        return self._run("prefill_spec", self._spec_prefill, args, {},
+                         lambda kv, state, mtp, tokens, start, lengths, table, mtp_table, slots, cfg:
+                         check_prefill_args(kv, state, tokens, start, lengths, table, slots, cfg))
+
+    def spec_decode(self, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted):
+        args = (self._spec_leaves, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted)
+        return self._run("spec_decode", self._spec_decode, args, {},
+                         lambda kv, state, mtp, tokens, positions, table, mtp_table, slots, wanted, cfg:
+                         check_decode_args(kv, state, tokens, positions, table, slots, cfg))
+
+    def spec_commit(self, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots):
+        args = (self._spec_leaves, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots)
+        return self._run("spec_commit", self._spec_commit, args, {}, lambda *a: None)
