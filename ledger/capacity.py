@@ -1,4 +1,4 @@
-"""Capacity rules (CFG-2..6, RD-11): pure functions `ninfer_jax.config` calls at start.
+"""Capacity rules (CFG-2..6, RD-11): pure functions the capacity plan (`ninfer_jax/plan/`) calls.
 
 - Main KV is paged in 64-token pages. Its size in pages must lie between
   max(ceil(max_context/64), C) and C × ceil(max_context/64) (CFG-6): one request can hold
@@ -7,7 +7,7 @@
 - Without one, the page count is solved from a device memory budget: the largest count in
   the CFG-6 range whose Main KV, backend KV, StateImage slots, workspace and compiled-step
   space fit the budget together with the weights (CFG-2, CFG-6). Where the budget comes from
-  (the device's memory, a fraction of it, what is already in use) is `ninfer_jax/plan.py`'s.
+  (the device's memory, a fraction of it, what is already in use) is the plan's.
 - StateImage slots: C basic plus `device_state_slots` (default C) (CFG-4).
 - Host arena: `host_capacity_bytes`, default 8 GiB + 8 × the Host StateImage size (CFG-5).
 Errors are CapacityConfigError naming the bound and the numbers.

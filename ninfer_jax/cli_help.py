@@ -1,5 +1,6 @@
 """`ninfer --help`, `ninfer help [COMMAND]`, `ninfer COMMAND --help|-h`: the commands, and each
-command's own flags with their defaults and examples (the flags are defined in ninfer_jax/cli.py).
+command's own flags with their defaults and examples (the flags are defined in ninfer_jax/cli_flags.py,
+the server's in server/cli.py, which adds its commands' help to `COMMANDS` with `with_section`).
 
 Engine flags whose flag default is None show the default EngineConfig / ContextCacheConfig
 gives them, read from those dataclasses. absl's own flags appear only under `--helpfull`.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import textwrap
+from typing import Mapping
 
 from absl import flags
 
@@ -19,7 +21,6 @@ HELPFULL_ARGS = ("--helpfull", "-helpfull")
 
 SAMPLING = ("max_tokens", "temperature", "seed")
 MODEL = ("model", "dtype")
-REMOTE = ("server", "token", "timeout", "wait_s")
 ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_route", "speculative_tokens",
           "device_state_slots", "host_capacity_bytes", "branch_points", "device_memory_bytes", "device_memory_fraction",
           "compilation_cache")
@@ -51,8 +52,7 @@ COMMANDS: dict[str, Command] = {
         "Generates from one raw prompt on an in-process engine (or a running `ninfer serve` with "
         "--server). Text goes to stdout, progress and usage to stderr. Bad input is refused before "
         "the model loads (exit 2).",
-        (("request", ("prompt", "token_ids") + SAMPLING), ("model", MODEL), ("--server", REMOTE),
-         ("engine", ENGINE)),
+        (("request", ("prompt", "token_ids") + SAMPLING), ("model", MODEL), ("engine", ENGINE)),
         ('ninfer generate --prompt "Hello" --max_tokens 16',
          "ninfer generate --model=/path/to/checkpoint --token_ids=1,2,3 --temperature 0.7 --seed 1",
          'ninfer generate --server=127.0.0.1:50051 --prompt "Hello"')),
@@ -63,28 +63,15 @@ COMMANDS: dict[str, Command] = {
         "or user messages piped on stdin (one per line), a multi-turn conversation; prompt and "
         "cached tokens per turn on stderr. Needs a model with a tokenizer.",
         (("request", ("prompt", "messages", "session", "turns") + SAMPLING), ("model", MODEL),
-         ("--server", REMOTE), ("engine", ENGINE)),
+         ("engine", ENGINE)),
         ('ninfer chat --prompt "Hi!" --max_tokens 16',
          "printf 'Hi!\\nAnd tomorrow?\\n' | ninfer chat --turns 2")),
-    "serve": Command(
-        "run the gRPC service (ninfer.v1) and/or the OpenAI-compatible HTTP API until SIGTERM/SIGINT",
-        "ninfer serve [--host=HOST] [--port=PORT] [--http_port=PORT] [flags]",
-        "Serves the model over gRPC, and with --http_port over the OpenAI-compatible HTTP API "
-        "(/v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics; "
-        "docs/http.md); --port=-1 serves HTTP only. Health stays NOT_SERVING (HTTP /health 503) "
-        "until the engine has warmed up. --model=fake:NAME serves a deterministic fake engine "
-        "(no model, no compilation).",
-        (("service", ("host", "port", "http_port", "token", "grace_s", "max_message_bytes")), ("model", MODEL),
-         ("engine", ENGINE)),
-        ("ninfer serve --port 50051",
-         "ninfer serve --port=-1 --http_port=8000          # the OpenAI-compatible HTTP API only",
-         "ninfer serve --model=fake:demo --port 0          # try the service without a model")),
     "bench": Command(
         "run a benchmark and print its figures (ninfer bench NAME [--json])",
         "ninfer bench NAME [--json] [-- BENCH_FLAGS]",
         "Runs one benchmark and prints its figures (aligned lines, or one JSON object with "
         "--json). A benchmark's own flags go after `--`.",
-        (("bench", ("json", "quick", "program", "http", "compilation_cache")),),
+        (("bench", ("json", "quick", "program", "compilation_cache")),),
         ("ninfer bench engine --json", "ninfer bench preempt --quick")),
     "trace": Command(
         "replay a chat or Marconi JSONL trace with the context cache on and off",
@@ -163,7 +150,8 @@ _METAVARS = {"model": "FOLDER", "prompt": "TEXT", "token_ids": "IDS", "server": 
 def engine_default(name: str) -> str | None:
     """What EngineConfig / ContextCacheConfig give an engine flag left unset, or None."""
     from ledger import capacity as ledger
-    from ninfer_jax.config import DEFAULT_DEVICE_BUDGET, ContextCacheConfig, EngineConfig
+    from ninfer_jax.config import ContextCacheConfig, EngineConfig
+    from ninfer_jax.plan import DEFAULT_DEVICE_BUDGET
 
     if name == "kv_capacity":
         return (f"solved from the device's memory; a device with no memory statistics (CPU) gives the pools "
@@ -253,15 +241,16 @@ def _flag_line(command: str, name: str) -> str:
     return f"  {head}  (default {default or _default(flag)})\n{body}"
 
 
-def _benches() -> list[str]:
+def _benches(benches: Mapping[str, str] | None) -> list[str]:
     """`NAME  first line of its docstring`, read from the source (no import, no JAX)."""
     import ast
     import importlib.util
 
-    from ninfer_jax.bench import BENCHES
+    if benches is None:
+        from ninfer_jax.bench import BENCHES as benches
 
     out = []
-    for name, module in BENCHES.items():
+    for name, module in benches.items():
         about = ""
         try:
             spec = importlib.util.find_spec(module)
@@ -276,11 +265,29 @@ def _benches() -> list[str]:
     return out
 
 
-def command_help(name: str) -> str:
-    cmd = COMMANDS[name]
+def with_section(command: Command, title: str, names: tuple[str, ...], *, before: str | None = None,
+                 after: str | None = None) -> Command:
+    """`command` with the flags `names` added: to its section `title` if it has one (after its
+    flag `after`, else at its end), else as a new section before the section `before` (at the
+    end without one)."""
+    sections = list(command.sections)
+    titles = [t for t, _ in sections]
+    if title in titles:
+        i = titles.index(title)
+        have = sections[i][1]
+        at = have.index(after) + 1 if after in have else len(have)
+        sections[i] = (title, have[:at] + names + have[at:])
+    else:
+        sections.insert(titles.index(before) if before in titles else len(sections), (title, names))
+    return dataclasses.replace(command, sections=tuple(sections))
+
+
+def command_help(name: str, commands: Mapping[str, Command] | None = None,
+                 benches: Mapping[str, str] | None = None) -> str:
+    cmd = (COMMANDS if commands is None else commands)[name]
     lines = [f"usage: {cmd.usage}", "", textwrap.fill(cmd.about, width=100), ""]
     if name == "bench":
-        lines += ["benches:", *_benches(), ""]
+        lines += ["benches:", *_benches(benches), ""]
     for title, names in cmd.sections:
         lines.append(f"{title} flags:")
         lines += [_flag_line(name, n) for n in names]
@@ -291,11 +298,12 @@ def command_help(name: str) -> str:
     return "\n".join(lines)
 
 
-def general_help() -> str:
-    width = max(len(n) for n in COMMANDS)
+def general_help(commands: Mapping[str, Command] | None = None) -> str:
+    commands = COMMANDS if commands is None else commands
+    width = max(len(n) for n in commands)
     lines = ["ninfer: inference for hybrid Gated DeltaNet + attention models (NInfer-JAX)", "",
              "usage: ninfer COMMAND [flags]", "", "commands:"]
-    lines += [f"  {n:<{width}}  {c.summary}" for n, c in COMMANDS.items()]
+    lines += [f"  {n:<{width}}  {c.summary}" for n, c in commands.items()]
     lines += [f"  {'help':<{width}}  {HELP_SUMMARY}", "",
               "ninfer help COMMAND, ninfer COMMAND --help or -h: a command's flags, defaults and examples.",
               "ninfer --helpfull: every flag, absl's included.", "",
@@ -303,30 +311,33 @@ def general_help() -> str:
     return "\n".join(lines)
 
 
-def full_help() -> str:
+def full_help(commands: Mapping[str, Command] | None = None) -> str:
     from absl import app
 
     app.define_help_flags()
-    return general_help() + "\n\nall flags:\n" + FLAGS.get_help()
+    return general_help(commands) + "\n\nall flags:\n" + FLAGS.get_help()
 
 
-def help_request(args: list[str]) -> tuple[int, str] | None:
+def help_request(args: list[str], commands: Mapping[str, Command] | None = None,
+                 benches: Mapping[str, str] | None = None) -> tuple[int, str] | None:
     """If `args` (the command line after the program name) asks for help: (exit status, text);
-    else None. Arguments after `--` belong to a benchmark and are not looked at."""
+    else None. Arguments after `--` belong to a benchmark and are not looked at. `commands`,
+    `benches`: the program's (default: ninfer_jax's own)."""
+    commands = COMMANDS if commands is None else commands
     if "--" in args:
         args = args[:args.index("--")]
     wants = any(a in HELP_ARGS for a in args)
     full = any(a in HELPFULL_ARGS for a in args)
-    command = next((a for a in args if a in COMMANDS or a == "help"), None)
+    command = next((a for a in args if a in commands or a == "help"), None)
     if full:
-        return 0, full_help()
+        return 0, full_help(commands)
     if command == "help":
         rest = [a for a in args[args.index("help") + 1:] if not a.startswith("-")]
         if not rest:
-            return 0, general_help()
-        if rest[0] not in COMMANDS:
+            return 0, general_help(commands)
+        if rest[0] not in commands:
             return 2, f"ninfer help: unknown command {rest[0]!r}; ninfer --help lists the commands"
-        return 0, command_help(rest[0])
+        return 0, command_help(rest[0], commands, benches)
     if not wants:
         return None
-    return 0, command_help(command) if command else general_help()
+    return 0, command_help(command, commands, benches) if command else general_help(commands)

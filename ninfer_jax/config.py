@@ -1,9 +1,8 @@
-"""`EngineConfig` and `ContextCacheConfig`: validation and the capacity they resolve to (CFG-*).
+"""`EngineConfig` and `ContextCacheConfig`: what an engine is asked to be, validated field by field (CFG-*).
 
-Capacity arithmetic is the ledger's (`ledger.capacity`); the budget it is solved against — the
-device's memory times `device_memory_fraction`, less the weights, workspace and compiled-step
-space — is the capacity plan's (`ninfer_jax/plan.py`). `resolve_capacity` turns a config into
-concrete pool sizes, or a `ConfigError` naming the field and the bound (CFG-2, CFG-6).
+A config holds values only. What they come to on a model — the device budget, the workspace,
+the pool sizes, or a `ConfigError` naming the field and the bound (CFG-2, CFG-6) — is the
+capacity plan's (`ninfer_jax/plan/`), whose capacity arithmetic is the ledger's (`ledger.capacity`).
 """
 from __future__ import annotations
 
@@ -12,15 +11,20 @@ import functools
 import math
 
 from ninfer_jax.errors import ConfigError
-from ninfer_jax.model.config import ModelConfig
 
 BACKENDS = ("xla", "pallas", "interpret")
 DTYPES = ("auto", "float32", "bfloat16")
 PAUSE_ROUTES = ("auto", "snapshot", "replay")  # PAUSE-2: how a preempted request keeps its work
-# CFG-2: a device that reports no memory statistics (the CPU backend) gives the pools — Main KV,
-# StateImages, backend KV — this budget; weights, workspace and compiled steps are not charged.
-DEFAULT_DEVICE_BUDGET = 1 << 30
 DEFAULT_DEVICE_MEMORY_FRACTION = 0.9  # CFG-2: the share of the device's memory the engine plans with
+
+
+def _refuse_bools(config, prefix: str = "") -> None:
+    """A Python bool is an int (True == 1): a field declared `int` or `int | None` given True or
+    False is refused with a ConfigError naming it, not read as 1 or 0."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.type in ("int", "int | None", int, int | None) and isinstance(value, bool):
+            raise ConfigError(prefix + f.name, f"must be an int, got the bool {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +40,7 @@ class ContextCacheConfig:
     branch_points: bool = True
 
     def __post_init__(self):
+        _refuse_bools(self, "context_cache.")
         if not isinstance(self.enabled, bool):
             raise ConfigError("context_cache.enabled", f"must be a bool, got {self.enabled!r}")
         if not isinstance(self.branch_points, bool):
@@ -78,6 +83,7 @@ class EngineConfig:
     speculative_tokens: int = 0
 
     def __post_init__(self):
+        _refuse_bools(self)
         if not isinstance(self.model, str) or not self.model:
             raise ConfigError("model", f"must be a folder or builtin:tiny-hybrid, got {self.model!r}")
         if self.dtype not in DTYPES:
@@ -117,27 +123,3 @@ class EngineConfig:
         from ninfer_jax.model.model import resolve_dtype
 
         return resolve_dtype(self.model, self.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class Capacity:
-    """Concrete pool sizes a config resolves to for one model."""
-
-    kv_pages: int  # Main KV pages (CFG-2, CFG-6)
-    state_slots: int  # C basic + device_state_slots (CFG-4)
-    host_capacity_bytes: int  # the Host arena (CFG-5)
-    pages_per_request: int  # ceil(max_context / 64): a request's page-table width
-    mtp_pages: int = 0  # the MTP backend KV pool's pages (speculative decoding), as many tokens as Main KV
-
-
-def resolve_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, device=None,
-                     resident_bytes: int = 0) -> Capacity:
-    """Pool sizes for `config` on `model`, or a ConfigError naming the violated bound.
-
-    The CFG-2 budget comes from `config.device_memory_bytes`, else from `device` (a
-    `ninfer_jax.program.device_memory.DeviceMemory`; default: the first local JAX device is
-    asked); `resident_bytes` are this engine's weights already on that device, so that its
-    `bytes_in_use` is not charged twice (`ninfer_jax/plan.py` has the whole formula)."""
-    from ninfer_jax.plan import plan_capacity
-
-    return plan_capacity(config, model, itemsize, device=device, resident_bytes=resident_bytes).capacity

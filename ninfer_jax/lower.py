@@ -4,7 +4,7 @@ Nothing here needs the GPU or the weights. The model is an abstract `HybridLM` (
 over `weights.param_shapes`: every leaf a `jax.ShapeDtypeStruct`), the pools are `init_pools` /
 `init_mtp_pool` under `jax.eval_shape`, sized by the capacity plan of the engine flags
 (`plan_capacity`: config.json only, as `ninfer plan`). Each step is jitted as the engine jits it
-(`steps.CompiledSteps`, `unit_pool._JIT`, `Program._hidden_logits`) and lowered with
+(`compiled.CompiledSteps`, `unit_pool._JIT`, `Program._hidden_logits`) and lowered with
 
     jax.jit(f).trace(*abstract_args).lower(lowering_platforms=(platform,))
 
@@ -131,21 +131,22 @@ def check_platform(platform: str, backend: str | None) -> str:
 
 def shapes_for(config, backend: str, speculative_tokens: int | None = None) -> Shapes:
     """The Program's sizes for `config` (an EngineConfig) running `backend`, read from config.json
-    alone. `speculative_tokens` None: DEFAULT_DRAFTS when the model has an MTP head, else 0.
+    alone: the pools and decode buckets of its capacity plan. `speculative_tokens` None:
+    DEFAULT_DRAFTS when the model has an MTP head, else 0.
     ConfigError for an unknown model, a bad config.json, k > 0 without an MTP head or a capacity
     that cannot fit."""
     from ninfer_jax.engine.preflight import itemsize, model_config
     from ninfer_jax.plan import plan_capacity
-    from ninfer_jax.program.program import decode_buckets
 
     cfg = model_config(config.model)
     if speculative_tokens is None:
         speculative_tokens = DEFAULT_DRAFTS if cfg.mtp_num_hidden_layers else 0
     # The engine that runs these steps: its kernels' backend (workspace) and its MTP pool.
     config = dataclasses.replace(config, speculative_tokens=speculative_tokens, backend=backend)
-    capacity = plan_capacity(config, cfg, itemsize(config)).capacity
+    plan = plan_capacity(config, cfg, itemsize(config))  # the pools and the decode buckets the Program builds
+    capacity = plan.capacity
     return Shapes(model=config.model, cfg=cfg, dtype=config.resolved_dtype, chunk_size=config.chunk_size,
-                  decode_buckets=decode_buckets(config.max_concurrency),
+                  decode_buckets=plan.decode_buckets,
                   pages_per_request=capacity.pages_per_request, kv_pages=capacity.kv_pages,
                   state_slots=capacity.state_slots, mtp_pages=capacity.mtp_pages,
                   speculative_tokens=speculative_tokens)
@@ -274,10 +275,10 @@ class Abstract:
         """(kv, state) of `init_pools` at the planned capacity."""
         import jax
 
-        from ninfer_jax.model.steps import init_pools
+        from ninfer_jax.model.pools import init_pools
 
         s = self.shapes
-        return jax.eval_shape(lambda: init_pools(self.cfg, s.kv_pages, s.state_slots, self.dtype))
+        return jax.eval_shape(lambda: init_pools(self.cfg, s.kv_pages, s.state_slots, self.dtype, self.backend))
 
     @functools.cached_property
     def mtp_pool(self):
@@ -285,7 +286,8 @@ class Abstract:
 
         from ninfer_jax.model.mtp_steps import init_mtp_pool
 
-        return jax.eval_shape(lambda: init_mtp_pool(self.cfg, self.shapes.mtp_pages, self.dtype))
+        return jax.eval_shape(lambda: init_mtp_pool(self.cfg, self.shapes.mtp_pages, self.dtype,
+                                                    backend=self.backend))
 
     def pool(self, pool_id: str):
         """A pool's pytree by its ledger id (Main KV, StateImage slots, the MTP pool)."""
@@ -314,11 +316,11 @@ def _sds(shape, dtype):
 
 
 # ---- builders: (Abstract, **params) -> (jitted function, abstract arguments) ------------------
-# The model steps are jitted by steps.jit_step, as CompiledSteps jits them; the head and movers as
+# The model steps are jitted by compiled.jit_step, as CompiledSteps jits them; the head and movers as
 # Program and UnitPool do.
 
 def _build_prefill(a: Abstract):
-    from ninfer_jax.model.steps import jit_step
+    from ninfer_jax.model.compiled import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.model, a.pools
     fn = jit_step("prefill", a.cfg, a.backend, merger)
@@ -326,7 +328,7 @@ def _build_prefill(a: Abstract):
 
 
 def _build_decode(a: Abstract, b: int):
-    from ninfer_jax.model.steps import jit_step
+    from ninfer_jax.model.compiled import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.model, a.pools
     fn = jit_step("decode", a.cfg, a.backend, merger)
@@ -334,7 +336,7 @@ def _build_decode(a: Abstract, b: int):
 
 
 def _build_prefill_spec(a: Abstract):
-    from ninfer_jax.model.steps import jit_step
+    from ninfer_jax.model.compiled import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
     fn = jit_step("prefill_spec", a.cfg, a.backend, merger)
@@ -344,7 +346,7 @@ def _build_prefill_spec(a: Abstract):
 
 
 def _build_spec_decode(a: Abstract, b: int):
-    from ninfer_jax.model.steps import jit_step
+    from ninfer_jax.model.compiled import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
     fn = jit_step("spec_decode", a.cfg, a.backend, merger, s.speculative_tokens)
@@ -355,7 +357,7 @@ def _build_spec_decode(a: Abstract, b: int):
 def _build_spec_commit(a: Abstract, b: int):
     import jax
 
-    from ninfer_jax.model.steps import jit_step
+    from ninfer_jax.model.compiled import jit_step
 
     decode, decode_args = _build_spec_decode(a, b)
     _, drafts, final, verified, _, _ = jax.eval_shape(decode, *decode_args)  # what Program keeps between them
@@ -416,7 +418,9 @@ KERNELS = {
 def _kernel_case(a: Abstract, name: str) -> tuple[Callable, tuple, dict]:
     import jax.numpy as jnp
 
-    from ninfer_jax.model.steps import GDN_CHUNK, PAGE_SIZE
+    from ninfer_jax.model.pools import PAGE_SIZE
+
+    from ninfer_jax.model.steps import GDN_CHUNK
     from pallas_kernels import conv1d, gdn, page_copy, paged_attention
 
     cfg, s, dt, f32 = a.cfg, a.shapes, a.dtype, jnp.float32

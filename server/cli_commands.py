@@ -1,4 +1,4 @@
-"""What `ninfer serve` and `ninfer generate|chat --server=HOST:PORT` do (flags live in ninfer_jax/cli.py).
+"""What `ninfer serve` and `ninfer generate|chat --server=HOST:PORT` do (their flags: server/cli.py).
 
 `serve` builds the engine from the flags inside the server's warm-up (health NOT_SERVING until
 it is ready) and serves until SIGTERM/SIGINT. The remote commands stream text to stdout and
@@ -14,7 +14,6 @@ command started right after `ninfer serve` waits out the warm-up instead of fail
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any, Callable, Iterable, Sequence
@@ -210,22 +209,6 @@ def _remote(server: str, token: str | None, wait_s: float, check: Callable[[], A
             print(file=sys.stderr)
             _say("interrupted")
             return 130
-
-
-def parse_messages(text: str | None, prompt: str) -> list[dict]:
-    """--messages (a JSON list, or @FILE holding one), else one user message with --prompt."""
-    if not text:
-        return [{"role": "user", "content": prompt}]
-    if text.startswith("@"):
-        with open(text[1:], encoding="utf-8") as f:
-            text = f.read()
-    try:
-        messages = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--messages is not valid JSON: {exc.msg}") from None
-    if not isinstance(messages, list):
-        raise ValueError("--messages must be a JSON list of messages")
-    return messages
 
 
 def chat_remote(server: str, messages: list[dict], sampling: dict | None, *, session: str | None = None,

@@ -1,10 +1,14 @@
-"""A fake engine with the `ninfer_jax.Engine` surface, so the server is tested without a model.
+"""A fake engine with the `ninfer_jax.Engine` surface, and a loopback server over an engine.
 
-It produces deterministic tokens from (prompt, seed, position), one token per running request
-per step on a background control thread, admits at most `max_concurrency` requests and queues
-the rest, honours `cancel()` on the control thread (like the real engine), reports
-`cached_tokens` as the longest prefix shared with an earlier sequence, and checks its own slot
-accounting in `check_integrity()`. The tokenizer and chat frontend are the real built-in ones.
+`FakeEngine` is what `ninfer serve --model=fake:NAME` serves and `ninfer bench serve --fake`
+drives: no model, no compilation. It produces deterministic tokens from (prompt, seed, position),
+one token per running request per step on a background control thread, admits at most
+`max_concurrency` requests and queues the rest, honours `cancel()` on the control thread (like
+the real engine), reports `cached_tokens` as the longest prefix shared with an earlier
+sequence, and checks its own slot accounting in `check_integrity()`. The tokenizer and chat
+frontend are the real built-in ones. `running_server` serves an engine on a free loopback port
+(`ninfer bench serve`). The tests' controls (scripted output, injected failures) and helpers
+live with the tests (tests/server/fakes.py).
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import queue
 import random
 import threading
 import time
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from ninfer_jax.engine.types import Completion, SamplingParams, TokenDelta, TokenLogprob, Usage, check_prompt
 from ninfer_jax.errors import EngineClosedError, QueueFullError
@@ -34,7 +38,6 @@ class FakeHandle:
         self.tokens: list[int] = []
         self.shown = ""
         self.cancel_requested = False
-        self.fail_with: str | None = None  # FakeEngine.fail_next_request
         self._deltas: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._completion: Completion | None = None
@@ -64,11 +67,8 @@ class FakeHandle:
 class FakeEngine:
     def __init__(self, *, max_concurrency: int = 4, max_context: int = 256, max_queue: int = 1024,
                  step_s: float = 0.001, warmup_s: float = 0.0, min_len: int = 4, max_len: int = 24,
-                 model: str = "fake:tiny", script: str | None = None):
-        """`script`: every request generates exactly this text's tokens, then stops (a model that
-        answers with a tool call, say)."""
+                 model: str = "fake:tiny"):
         self.tokenizer = Tokenizer.builtin()
-        self.script = self.tokenizer.encode(script) if script else None
         self.frontend = ChatFrontend(self.tokenizer, max_input_tokens=max_context)
         self.max_concurrency = max_concurrency
         self.max_context = max_context
@@ -85,8 +85,6 @@ class FakeEngine:
         self._slots_used = 0
         self._history: collections.deque[tuple[int, ...]] = collections.deque(maxlen=64)
         self._ids = itertools.count()
-        self._inject: list[BaseException] = []
-        self._fail_next: list[str] = []
         self._closed = False
         self._stats = collections.Counter()
         if warmup_s:
@@ -98,8 +96,6 @@ class FakeEngine:
     def submit(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None, *,
                request_id: str | None = None, session=None, anchors=(), markers=(),
                recovery_point=None) -> FakeHandle:
-        if self._inject:
-            raise self._inject.pop(0)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         ids = check_prompt(ids, self.tokenizer.vocab_size, self.max_context)
         sampling = sampling or SamplingParams()
@@ -110,7 +106,7 @@ class FakeEngine:
                 raise QueueFullError(f"waiting queue full ({self.max_queue})")
             handle = FakeHandle(request_id or f"fake-{next(self._ids)}", ids, sampling, self._cached(ids))
             handle._engine = self
-            handle.fail_with = self._fail_next.pop(0) if self._fail_next else None
+            self._queued(handle)
             self._waiting.append(handle)
             self._stats["requests_submitted"] += 1
             self._stats["prompt_tokens"] += len(ids)
@@ -162,14 +158,6 @@ class FakeEngine:
         with self._lock:
             return len(self._running) + len(self._waiting)
 
-    def fail_next_request(self, message: str) -> None:
-        """The next submitted request finishes with finish_reason "error" after one token."""
-        self._fail_next.append(message)
-
-    def inject_error(self, exc: BaseException) -> None:
-        """The next submit raises `exc` (to test error mapping of engine-only errors)."""
-        self._inject.append(exc)
-
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -179,6 +167,9 @@ class FakeEngine:
         self._thread.join(timeout=10)
 
     # --- control thread ----------------------------------------------------------------------
+    def _queued(self, handle: FakeHandle) -> None:
+        """A request joins the queue (the lock held); a fake with more to say about it says it here."""
+
     def _request_cancel(self, handle: FakeHandle) -> None:
         with self._lock:
             handle.cancel_requested = True
@@ -196,18 +187,15 @@ class FakeEngine:
         return best
 
     def _token(self, h: FakeHandle, i: int) -> int:
-        if self.script:
-            return self.script[i % len(self.script)]
         key = hash((h.prompt, i, 0 if h.sampling.greedy else h.seed)) & 0xFFFFFFFF
         return self._alphabet[key % len(self._alphabet)]
 
     def _length(self, h: FakeHandle) -> int:
-        if self.script:
-            return len(self.script)
         return self.min_len + sum(h.prompt) % (self.max_len - self.min_len + 1)
 
-    def _finish(self, h: FakeHandle, reason: str) -> None:
-        """Free the slot, record the sequence, publish the completion (lock held)."""
+    def _finish(self, h: FakeHandle, reason: str, error: str | None = None) -> None:
+        """Free the slot, record the sequence, publish the completion (lock held); `error`: the
+        message of a request that finishes with reason "error"."""
         if h in self._running:
             self._running.remove(h)
             self._slots_used -= 1
@@ -219,7 +207,7 @@ class FakeEngine:
         h._completion = Completion(
             request_id=h.request_id, prompt_token_ids=h.prompt, token_ids=tuple(h.tokens), text=h.shown,
             finish_reason=reason, usage=Usage(len(h.prompt), h.cached, len(h.tokens)),
-            error=h.fail_with if reason == "error" else None)
+            error=error if reason == "error" else None)
         h._done.set()
         h._deltas.put(_END)
 
@@ -241,9 +229,6 @@ class FakeEngine:
             time.sleep(self.step_s)
 
     def _step(self, h: FakeHandle) -> None:
-        if h.fail_with is not None and h.tokens:
-            self._finish(h, "error")
-            return
         limit = min(self._length(h), h.sampling.max_tokens, self.max_context - len(h.prompt))
         if len(h.tokens) >= limit:
             self._finish(h, "length" if limit < self._length(h) else "stop")
@@ -258,7 +243,6 @@ class FakeEngine:
         h._deltas.put(TokenDelta((token,), piece, lps))
         if len(h.tokens) >= limit:
             self._finish(h, "length" if limit < self._length(h) else "stop")
-
 
 
 @contextlib.contextmanager
@@ -277,95 +261,3 @@ def running_server(engine, *, token: str | None = None, close_engine: bool = Fal
     finally:
         client.close()
         srv.shutdown(grace_s=2.0)
-
-
-def wait_until(predicate, timeout: float = 5.0, step: float = 0.01) -> bool:
-    """Poll `predicate` for at most `timeout` seconds; its last value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return bool(predicate())
-
-
-def cut_streams(target: str, prompts: list[list[int]], plan: list[str], sampling: dict, *, seed: int = 0,
-                timeout: float = 120.0) -> list[tuple[list[int], Any]]:
-    """Open one Generate stream per prompt, all at once, from one asyncio thread. `plan[i]` is
-    "finish" (read to the end), "cancel" (cancel after 1-3 tokens) or "disconnect" (close the
-    stream's own channel after 1-3 tokens). Returns (token ids seen, final message or None) per
-    stream; a "finish" stream that fails raises."""
-    import asyncio
-
-    import grpc
-
-    from server.client import sampling_to_proto
-    from server.proto import ninfer_pb2 as pb
-    from server.proto import ninfer_pb2_grpc as pb_grpc
-
-    rng = random.Random(seed)
-    cuts = [rng.randrange(1, 4) for _ in prompts]
-
-    async def one(shared, i):
-        own = grpc.aio.insecure_channel(target) if plan[i] == "disconnect" else None
-        call = pb_grpc.NInferStub(own or shared).Generate(
-            pb.GenerateRequest(token_ids=pb.TokenIds(ids=prompts[i]), sampling=sampling_to_proto(sampling)),
-            timeout=timeout)
-        ids, final = [], None
-        try:
-            async for msg in call:
-                ids.extend(msg.token_ids)
-                if msg.finish_reason:
-                    final = msg
-                if plan[i] != "finish" and len(ids) >= cuts[i]:
-                    if plan[i] == "cancel":
-                        call.cancel()
-                    else:
-                        await own.close(grace=None)
-                    break
-        except grpc.aio.AioRpcError as e:
-            if plan[i] == "finish":
-                raise AssertionError(f"stream {i} failed: {e.code()} {e.details()}") from None
-        finally:
-            if own is not None:
-                await own.close(grace=None)
-        return ids, final
-
-    async def main():
-        async with grpc.aio.insecure_channel(target) as shared:
-            return await asyncio.wait_for(asyncio.gather(*(one(shared, i) for i in range(len(prompts)))),
-                                          timeout=timeout)
-
-    return asyncio.run(main())
-
-
-@contextlib.contextmanager
-def spawn_serve(*flags: str, pattern: str = r"serving .* on (127\.0\.0\.1:\d+)", timeout: float = 60.0):
-    """`ninfer serve FLAGS` in a child process, read until its stderr says it serves; yields (the
-    process, the address `pattern` captured) and kills the process on exit if it still runs.
-    AssertionError with what it printed when it never serves."""
-    import os
-    import re
-    import subprocess
-    import sys
-
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", *flags], stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=os.getcwd())
-    try:
-        lines, address, deadline = [], None, time.monotonic() + timeout
-        while address is None and time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            lines.append(line)
-            m = re.search(pattern, line)
-            if m:
-                address = m.group(1)
-            elif not line and proc.poll() is not None:
-                break
-        if address is None:
-            raise AssertionError("ninfer serve did not start serving:\n" + "".join(lines))
-        yield proc, address
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)

@@ -6,7 +6,7 @@ def run_cli(capsys, *args: str):
     """`ninfer *args` in process: (exit status, stdout, stderr); absl flags reset around it."""
     from absl import flags
 
-    from ninfer_jax import cli
+    from server import cli  # the whole `ninfer`: ninfer_jax's commands and the server's
 
     flags.FLAGS.unparse_flags()
     try:

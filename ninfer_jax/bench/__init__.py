@@ -3,12 +3,12 @@
 Each module named in BENCHES defines `run(argv: list[str]) -> dict`: it does the work, prints
 progress to stderr, and returns one flat-ish dict of figures that the CLI prints (as one JSON
 object with --json, as aligned lines otherwise; a module with a `text(figures) -> str` prints
-that instead of aligned lines).
+that instead of aligned lines). The server's benchmark (`ninfer bench serve`, server/serve_bench.py)
+is added to these by the server's CLI (server/cli.py): ninfer_jax does not import the server.
 """
 import importlib
 
 BENCHES = {
-    "serve": "ninfer_jax.bench.serve_bench",
     "model": "ninfer_jax.bench.model_bench",
     "ledger": "ninfer_jax.bench.ledger_bench",
     "engine": "ninfer_jax.bench.engine_bench",
@@ -28,7 +28,9 @@ def int_arg(argv: list[str], name: str, default: int) -> int:
     return default
 
 
-def load(name: str):
-    if name not in BENCHES:
-        raise KeyError(f"unknown benchmark {name!r}; choose one of {sorted(BENCHES)}")
-    return importlib.import_module(BENCHES[name])
+def load(name: str, benches: dict[str, str] | None = None):
+    """The module of benchmark `name` among `benches` (default: ninfer_jax's own, BENCHES)."""
+    benches = BENCHES if benches is None else benches
+    if name not in benches:
+        raise KeyError(f"unknown benchmark {name!r}; choose one of {sorted(benches)}")
+    return importlib.import_module(benches[name])

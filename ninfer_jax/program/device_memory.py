@@ -1,4 +1,4 @@
-"""What the accelerator says about its memory, for the CFG-2 capacity solve (ninfer_jax/plan.py).
+"""What the accelerator says about its memory, for the CFG-2 capacity solve (ninfer_jax/plan/budget.py).
 
 `query()` reads `device.memory_stats()` of the first local JAX device. Backends that keep such
 statistics (GPU, TPU) report `bytes_limit` — what JAX's allocator may hand out on this device

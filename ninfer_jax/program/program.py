@@ -5,8 +5,9 @@ Host arena through `ProgramStores`, the jitted step functions compiled once per 
 at warm-up, and applies ledger plans with `commit(plan)`. The engine asks it to run one
 prefill chunk and one compact decode batch per cycle.
 
-Buckets: decode rows are padded to 2/4/8 (up to C; see DECODE_BUCKETS); a prefill chunk is one row padded to
-`chunk_size` tokens. Padding rows carry slot -1, so they read zeros and write nothing.
+Buckets: decode rows are padded to 2/4/8 (up to C; the capacity plan's `decode_buckets`, which also
+sizes their workspace); a prefill chunk is one row padded to `chunk_size` tokens. Padding rows carry
+slot -1, so they read zeros and write nothing. The pools are the plan's (`self.plan.capacity`).
 """
 from __future__ import annotations
 
@@ -20,20 +21,18 @@ import numpy as np
 
 import ledger
 from ninfer_jax.compile_cache import summary
-from ninfer_jax.config import Capacity, EngineConfig, resolve_capacity
+from ninfer_jax.config import EngineConfig
 from ninfer_jax.model.model import Model, lm_head, load_model
 from ninfer_jax.model.mtp_steps import init_mtp_pool
 from ninfer_jax.model.spec_steps import MTP_POOL
-from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+from ninfer_jax.model.compiled import CompiledSteps
+from ninfer_jax.model.pools import PAGE_SIZE, init_pools
+from ninfer_jax.plan import Capacity, CapacityPlan, plan_capacity
+from ninfer_jax.plan.workspace import DECODE_BUCKETS, decode_buckets  # noqa: F401 (defined with the plan)
 from ninfer_jax.program import calibrate
 from ninfer_jax.program.stores import ProgramStores
 from ninfer_jax.program.unit_pool import UnitPool
 
-# Two rows at least, even at C = 1 (a padding row writes nothing): XLA drops a size-1 row
-# axis and compiles a one-row step to other fusions, where a multiply-add may be contracted
-# into an FMA differently, so one row alone would round otherwise than the same row in any
-# larger bucket (batch invariance, doctrine 1; tests/engine/test_engine_batch_invariant.py).
-DECODE_BUCKETS = (2, 4, 8)
 STORE_BUCKET_UNITS = 64  # a page group (HOST-3); the stores' movers are warmed for every bucket up to each pool's size
 
 
@@ -43,16 +42,6 @@ class DecodeRow(NamedTuple):
     pages: Sequence[int]  # Main KV page units of the request, in logical order (read, not kept)
     slot: int  # its StateImage slot unit
     mtp_pages: Sequence[int] = ()  # its MTP pool page units (speculative decoding), in logical order
-
-
-def decode_buckets(max_concurrency: int) -> tuple[int, ...]:
-    """Row buckets covering 1..C: powers of two from 2 up to the first one >= C."""
-    out = []
-    for b in DECODE_BUCKETS:
-        out.append(b)
-        if b >= max_concurrency:
-            break
-    return tuple(out)
 
 
 def _print_shard(p) -> None:
@@ -82,13 +71,16 @@ class Program:
         itemsize = jnp.dtype(self.model.dtype).itemsize
         # CFG-2: the weights are on the device already; its bytes_in_use must not count them twice.
         resident = sum(leaf.nbytes for leaf in jax.tree.leaves(self.model.params))
-        self.capacity: Capacity = resolve_capacity(config, cfg, itemsize, resident_bytes=resident)
-        kv, state = init_pools(cfg, self.capacity.kv_pages, self.capacity.state_slots, self.model.dtype)
+        self.plan: CapacityPlan = plan_capacity(config, cfg, itemsize, resident_bytes=resident)
+        self.capacity: Capacity = self.plan.capacity
+        kv, state = init_pools(cfg, self.capacity.kv_pages, self.capacity.state_slots, self.model.dtype,
+                               config.backend)
         self.speculative_tokens = config.speculative_tokens
         pools = [UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, kv, PAGE_SIZE),
                  UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, state)]
         if self.speculative_tokens:  # the MTP layers' K/V: a backend KV pool of their own (RES-1)
-            pools.append(UnitPool(MTP_POOL, ledger.KV_PAGES, init_mtp_pool(cfg, self.capacity.mtp_pages, self.model.dtype),
+            pools.append(UnitPool(MTP_POOL, ledger.KV_PAGES, init_mtp_pool(cfg, self.capacity.mtp_pages, self.model.dtype,
+                                                                              backend=config.backend),
                                   PAGE_SIZE))
         if steps is None:
             steps = CompiledSteps(self.model, backend=config.backend, progress=config.progress)
@@ -104,7 +96,7 @@ class Program:
         self.vocab_size = cfg.vocab_size
         self.eos_token_ids = tuple(cfg.eos_token_id)
         self.chunk_size = config.chunk_size
-        self.decode_buckets = decode_buckets(config.max_concurrency)
+        self.decode_buckets = self.plan.decode_buckets
         # State computed under another model, dtype or kernel backend is never adopted (CKP-4).
         # Points written with MTP K/V (speculative_tokens > 0) are their own execution (CKP-4).
         self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}" + ("|mtp" if self.speculative_tokens else "")

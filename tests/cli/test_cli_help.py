@@ -8,14 +8,15 @@ import sys
 import pytest
 
 from ninfer_jax import cli
-from ninfer_jax.bench import BENCHES
+from server import cli as ninfer_cli  # the whole `ninfer`: ninfer_jax's commands and the server's
+from server.cli import BENCHES
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 
 
 def _help(capsys, *args):
     with pytest.raises(SystemExit) as done:
-        cli.run(["ninfer", *args])
+        ninfer_cli.run(["ninfer", *args])
     out = capsys.readouterr()
     return done.value.code, out.out, out.err
 
@@ -89,7 +90,7 @@ def test_bench_args_after_double_dash_are_not_help():
 
 def test_ninfer_help_as_a_command(capsys):
     """The real entry point: help intercepted before absl (no USAGE banner), exit 0."""
-    out = subprocess.run([sys.executable, "-m", "ninfer_jax.cli", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "server.cli", "--help"], capture_output=True, text=True,
                          env=ENV, timeout=120)
     assert out.returncode == 0, out.stderr
     assert all(f"\n  {c} " in out.stdout for c in ("generate", "chat", "serve", "bench", "trace"))
@@ -97,7 +98,7 @@ def test_ninfer_help_as_a_command(capsys):
 
 
 def test_port_out_of_range_exits_2_through_absl():
-    out = subprocess.run([sys.executable, "-m", "ninfer_jax.cli", "serve", "--port", "70000"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--port", "70000"], capture_output=True,
                          text=True, env=ENV, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
@@ -106,7 +107,7 @@ def test_port_out_of_range_exits_2_through_absl():
 
 
 def test_remote_bad_token_ids_without_a_server_is_one_line():
-    out = subprocess.run([sys.executable, "-m", "ninfer_jax.cli", "generate", "--server=127.0.0.1:1",
+    out = subprocess.run([sys.executable, "-m", "server.cli", "generate", "--server=127.0.0.1:1",
                           "--token_ids=1,x"], capture_output=True, text=True, env=ENV, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [

@@ -1,4 +1,4 @@
-"""CFG-2, CFG-6: the capacity plan from the device's memory (ninfer_jax/plan.py).
+"""CFG-2, CFG-6: the capacity plan from the device's memory (ninfer_jax/plan/budget.py).
 
 The expected figures are derived here from the public geometry of Qwen3-Next-80B-A3B, written
 out below, never copied from the plan's output. The config-only fixture folder holds that
@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 
 from ninfer_jax import ContextCacheConfig, EngineConfig
-from ninfer_jax.config import resolve_capacity
 from ninfer_jax.errors import ConfigError
 from ninfer_jax.model import builtin, load_model
 from ninfer_jax.model.config import load_config
-from ninfer_jax.plan import plan_capacity, step_workspace_bytes
+from ninfer_jax.plan import plan_capacity, resolve_capacity, step_workspace_bytes
 from ninfer_jax.program import device_memory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,6 +183,27 @@ def test_device_memory_bytes_must_be_a_positive_int(value):
     assert e.value.field == "device_memory_bytes"
 
 
+@pytest.mark.parametrize("value", [True, False])
+@pytest.mark.parametrize("field", ["max_concurrency", "max_context", "kv_capacity", "chunk_size", "device_memory_bytes",
+                                   "max_queue", "speculative_tokens", "context_cache.device_state_slots",
+                                   "context_cache.host_capacity_bytes"])
+def test_a_bool_is_refused_where_an_int_is_configured(field, value):
+    # A Python bool is an int: kv_capacity=True must not be read as one token.
+    with pytest.raises(ConfigError, match=f"^{field}: must be an int, got the bool {value}$") as e:
+        if field.startswith("context_cache."):
+            ContextCacheConfig(**{field.split(".")[1]: value})
+        else:
+            EngineConfig(**{field: value})
+    assert e.value.field == field
+
+
+def test_ints_are_still_accepted_where_bools_are_refused():
+    config = EngineConfig(max_concurrency=1, max_context=2, kv_capacity=1, chunk_size=1, device_memory_bytes=1,
+                          max_queue=1, speculative_tokens=0, progress=False,
+                          context_cache=ContextCacheConfig(device_state_slots=0, host_capacity_bytes=0, enabled=False))
+    assert (config.kv_capacity, config.speculative_tokens, config.context_cache.device_state_slots) == (1, 0, 0)
+
+
 class FakeDevice:
     """A device as JAX shows it: memory_stats(), platform, device_kind."""
 
@@ -267,9 +287,9 @@ def test_program_charges_its_own_weights_once(monkeypatch):
 
     def spy(config, model, itemsize, **kw):
         seen.update(kw, itemsize=itemsize)
-        return resolve_capacity(config, model, itemsize, **kw)
+        return plan_capacity(config, model, itemsize, **kw)
 
-    monkeypatch.setattr(program_module, "resolve_capacity", spy)
+    monkeypatch.setattr(program_module, "plan_capacity", spy)
     program = program_module.Program(EngineConfig(progress=False, max_concurrency=1, max_context=128))
     cfg = builtin.config()
     assert seen == {"resident_bytes": cfg.weights_bytes(4), "itemsize": 4}
@@ -322,3 +342,66 @@ def test_a_device_can_be_passed_in():
     plan = plan_capacity(_config(), _model(), BF16, device=gpu)
     assert gpu.asked == 1 and plan.source == "memory_stats" and plan.kv_pages == 4096
     assert plan_capacity(_config(), _model(), BF16, device=device_memory.describe(gpu)).capacity == plan.capacity
+
+
+# ---- one plan, every consumer (issue 38): the cache byte budget and the Programs read the plan -------
+@pytest.mark.parametrize("n, split, given, longest, skip", [
+    (16 * GIB, None, True, None, False), (16 * GIB, 0.3, True, None, False), (16 * GIB, 0.1, False, 40_000, False),
+    (64 * GIB, None, False, None, False), (2 * GIB, 0.5, False, 200_000, True)])
+def test_a_cache_byte_budget_plan_holds_the_split_trace_sizes_its_pools_by(n, split, given, longest, skip):
+    """`plan_capacity(..., cache_bytes=CacheBytes(N))`: the pools, max_context and split are
+    `split_cache_bytes`' for N (what `ninfer trace --cache_device_bytes` replays with), the Host
+    arena the device solve's; the device is not asked and weights etc. are not charged."""
+    from ninfer_jax.plan import CacheBytes, split_cache_bytes
+
+    config = _config(max_concurrency=4, max_context=32768 if given else 2048)
+    plan = plan_capacity(config, _model(), BF16, device=object(), cache_bytes=CacheBytes(
+        n, split=split, max_context_given=given, longest_request=longest, skip_too_long=skip))
+    alone = split_cache_bytes(_model(), BF16, n, 4, split=split, max_context=32768 if given else None,
+                              longest_request=longest, fallback_max_context=2048, skip_too_long=skip)
+    assert plan.cache == alone and plan.source == "cache_device_bytes" and not plan.charged
+    assert plan.capacity == alone.capacity(8 * GIB + 8 * STATE_IMAGE)
+    assert (plan.max_context, plan.kv_limited_by, plan.budget_bytes) == (alone.max_context, alone.limited_by, n)
+    assert plan.charged_bytes == alone.used_bytes and plan.free_bytes == alone.unused_bytes
+    assert plan.reasons()["cache bytes"] == alone.text() and "--cache_device_bytes" in plan.text()
+
+
+def test_a_cache_byte_budget_that_cannot_be_split_is_refused_as_trace_refuses_it():
+    from ninfer_jax.plan import CacheBytes, split_cache_bytes
+
+    with pytest.raises(ConfigError) as alone:
+        split_cache_bytes(_model(), BF16, GIB, 8, max_context=32768)
+    with pytest.raises(ConfigError) as planned:
+        plan_capacity(_config(), _model(), BF16, cache_bytes=CacheBytes(GIB))
+    assert (planned.value.field, str(planned.value)) == (alone.value.field, str(alone.value))
+
+
+def test_each_figure_has_its_reason_and_the_buckets_are_the_plans():
+    plan = plan_capacity(_config(device_memory_bytes=192 * GIB, device_memory_fraction=0.8), _model(), BF16)
+    reasons = plan.reasons()
+    assert set(reasons) >= {"device memory", "usable", "weights", "Main KV", "StateImage slots", "backend pools",
+                            "workspace", "compiled steps", "free", "Host arena", "default split"}
+    assert "device memory" in reasons["Main KV"] and "CFG-6 range 512..4,096 pages" in reasons["Main KV"]
+    assert plan.decode_buckets == (2, 4, 8) and plan.workspace.decode_rows == 8
+    assert plan.compiled_step_programs == 1 + len(plan.decode_buckets)
+
+
+def test_the_programs_build_their_pools_from_the_plan():
+    """The Program and the cost-model Program keep the plan they were sized by and read their
+    pools and decode buckets from it; a plan for other sizes than the config's is refused."""
+    from ninfer_jax.plan import CacheBytes
+    from ninfer_jax.program.program import Program
+    from ninfer_jax.sim import SimProgram
+
+    config = EngineConfig(progress=False, max_concurrency=1, max_context=128)
+    program = Program(config)
+    assert program.capacity == program.plan.capacity and program.decode_buckets == program.plan.decode_buckets == (2,)
+    sim = SimProgram(EngineConfig(progress=False, max_concurrency=3))
+    assert sim.capacity == sim.plan.capacity and sim.decode_buckets == sim.plan.decode_buckets == (2, 4)
+    cfg = builtin.config()
+    plan = plan_capacity(EngineConfig(progress=False), cfg, 4, cache_bytes=CacheBytes(1 << 22, split=0.25))
+    sized = SimProgram(EngineConfig(progress=False, max_context=plan.max_context), plan=plan)
+    assert sized.plan is plan and sized.capacity == plan.capacity
+    assert sized.state.pools["main_kv"].spec.capacity == plan.kv_pages
+    with pytest.raises(ValueError, match="the plan is for max_context"):
+        SimProgram(EngineConfig(progress=False, max_context=plan.max_context + 64), plan=plan)

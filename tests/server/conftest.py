@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.testing import FakeEngine, running_server, wait_until
+from fakes import FakeEngine, running_server, wait_until
 
 
 @pytest.fixture(scope="module")

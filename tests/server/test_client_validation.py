@@ -17,7 +17,7 @@ from server import validate
 from server.client import ClientRequestError, NInferClient, chat_request, generate_request, sampling_to_proto
 from server.limits import ServerLimits
 from server.proto import ninfer_pb2 as pb
-from server.testing import FakeEngine, running_server
+from fakes import FakeEngine, running_server
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 USER = [{"role": "user", "content": "hi"}]

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ninfer_jax import SamplingParams
 from server.app import InferenceServer
 from server.cli_commands import engine_factory
-from server.testing import FakeEngine, spawn_serve, wait_until
+from fakes import FakeEngine, spawn_serve, wait_until
 
 MODEL = "builtin:tiny-hybrid"
 USER = [{"role": "user", "content": "Hello there"}]

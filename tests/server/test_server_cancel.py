@@ -16,7 +16,7 @@ from ninfer_jax.engine.types import SamplingParams
 from server.client import sampling_to_proto
 from server.proto import ninfer_pb2 as pb
 from server.proto import ninfer_pb2_grpc as pb_grpc
-from server.testing import FakeEngine, cut_streams, running_server, wait_until
+from fakes import FakeEngine, cut_streams, running_server, wait_until
 
 LONG = {"temperature": 0.0, "max_tokens": 200}
 

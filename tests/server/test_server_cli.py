@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ninfer_jax.engine.types import SamplingParams
-from server.testing import FakeEngine, running_server
+from fakes import FakeEngine, running_server
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def guarded():
 def _ninfer(*args, env_extra=None):
     env = dict(os.environ, **(env_extra or {}))
     env.pop("NINFER_TOKEN", None) if not env_extra else None
-    return subprocess.run([sys.executable, "-m", "ninfer_jax.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True,
                           timeout=60, env=env, cwd=os.getcwd())
 
 
@@ -48,10 +48,11 @@ def test_remote_errors_are_reported(guarded):
 
 
 def test_bench_serve_reports_ratios_on_the_fake_engine():
-    from ninfer_jax.bench import BENCHES, load
+    from ninfer_jax.bench import load
+    from server.cli import BENCHES
 
-    assert BENCHES["serve"] == "ninfer_jax.bench.serve_bench"
-    figures = load("serve").run(["--fake", "--requests=12", "--concurrency=4", "--max_tokens=4", "--http"])
+    assert BENCHES["serve"] == "server.serve_bench"
+    figures = load("serve", BENCHES).run(["--fake", "--requests=12", "--concurrency=4", "--max_tokens=4", "--http"])
     for key in ("inprocess_requests_per_s", "served_requests_per_s", "requests_per_s_ratio",
                 "inprocess_ttft_p50_ms", "served_ttft_p99_ms", "ttft_p50_ratio", "ttft_p99_ratio",
                 "http_requests_per_s", "http_ttft_p99_ms", "http_vs_inprocess_requests_per_s_ratio",

@@ -12,7 +12,7 @@ import pytest
 
 from server.client import NInferClient
 from server.proto import ninfer_pb2 as pb
-from server.testing import cut_streams, running_server
+from fakes import cut_streams, running_server
 
 ninfer_jax = pytest.importorskip("ninfer_jax")
 if not hasattr(ninfer_jax, "Engine"):
@@ -197,7 +197,7 @@ def test_ninfer_serve_real_engine_warm_up_and_sigterm():
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "ninfer_jax.cli", "serve", "--port=0", "--max_concurrency=1",
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port=0", "--max_concurrency=1",
                              "--max_context=128", "--chunk_size=32", "--grace_s=30"],
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     try:

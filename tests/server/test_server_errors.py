@@ -11,7 +11,7 @@ from ninfer_jax.errors import CapacityError, EngineClosedError, QueueFullError
 from server.client import message_to_proto
 from server.limits import ServerLimits
 from server.proto import ninfer_pb2 as pb
-from server.testing import FakeEngine, running_server, wait_until
+from fakes import FakeEngine, running_server, wait_until
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 USER = [{"role": "user", "content": "hi"}]

@@ -20,7 +20,7 @@ import pytest
 
 from ninfer_jax import ContextCacheConfig, Engine, EngineConfig
 from ninfer_jax.sim import SimProgram
-from server.testing import wait_until
+from fakes import wait_until
 
 LONG = {"temperature": 0, "max_tokens": 100, "ignore_eos": True}
 

@@ -12,7 +12,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from server.app import InferenceServer
 from server.client import NInferClient
 from server.proto import ninfer_pb2 as pb
-from server.testing import FakeEngine, running_server, spawn_serve, wait_until
+from fakes import FakeEngine, running_server, spawn_serve, wait_until
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 

@@ -16,7 +16,7 @@ from ninfer_jax.engine.types import SamplingParams
 from server.app import InferenceServer
 from server.cli_commands import chat_remote, generate_remote
 from server.limits import ServerLimits
-from server.testing import FakeEngine, running_server, wait_until
+from fakes import FakeEngine, running_server, wait_until
 
 GREEDY = {"temperature": 0.0, "seed": 0, "max_tokens": 5}
 
@@ -109,11 +109,11 @@ def test_cli_subprocess_bad_input_has_no_traceback():
     """The real command: flags -> generate_remote, no server running."""
     server = f"127.0.0.1:{_unused_port()}"
     for flag, needle in (("--seed=-5", "sampling.seed"), ("--max_tokens=99999999999", "sampling.max_tokens")):
-        out = subprocess.run([sys.executable, "-m", "ninfer_jax.cli", "generate", f"--server={server}", flag],
+        out = subprocess.run([sys.executable, "-m", "server.cli", "generate", f"--server={server}", flag],
                              capture_output=True, text=True, timeout=120, cwd=os.getcwd())
         assert out.returncode == 2, out.stderr
         assert "Traceback" not in out.stderr
-        (line,) = _lines(out.stderr)  # one line (ninfer_jax/cli.py may refuse it itself, before generate_remote)
+        (line,) = _lines(out.stderr)  # one line (server/cli.py may refuse it itself, before generate_remote)
         assert f"RequestError: {needle}: " in line
 
 

@@ -84,7 +84,7 @@ def test_stdin_turns_only_when_lines_wait(tmp_path, monkeypatch):
     """No lines on stdin (and no --turns): None, so `ninfer chat` keeps its single-turn path."""
     from absl import flags
 
-    from ninfer_jax import cli
+    from ninfer_jax import cli_flags
 
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
@@ -92,14 +92,14 @@ def test_stdin_turns_only_when_lines_wait(tmp_path, monkeypatch):
     empty.write_text("")
     with open(empty) as f:
         monkeypatch.setattr(sys, "stdin", f)
-        assert cli._stdin_turns() is None
+        assert cli_flags.stdin_turns() is None
     full = tmp_path / "full"
     full.write_text("one\n\n two \nthree")
     with open(full) as f:
         monkeypatch.setattr(sys, "stdin", f)
-        assert list(cli._stdin_turns()) == ["one", " two ", "three"]
+        assert list(cli_flags.stdin_turns()) == ["one", " two ", "three"]
     r, w = os.pipe()  # an open pipe nobody writes to: not waited on
     with os.fdopen(r) as f:
         monkeypatch.setattr(sys, "stdin", f)
-        assert cli._stdin_turns() is None
+        assert cli_flags.stdin_turns() is None
     os.close(w)

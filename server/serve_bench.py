@@ -37,7 +37,7 @@ def _figures(prefix: str, wall: float, ttfts: list[float], n: int) -> dict:
 
 def _served_in_child(address: str, n: int, concurrency: int, prompt_len: int, max_tokens: int, vocab: int,
                      model: str | None = None) -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: server/..
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     extra = [f"--model={model}"] if model else []
     out = subprocess.run([sys.executable, "-m", "server.loadgen", f"--target={address}", f"--requests={n}",

@@ -1,0 +1,148 @@
+"""The steps the Program compiles and what they take on the device: workspace and compiled code.
+
+**Step shapes.** A prefill chunk is 1 row × `chunk_size` tokens; a decode step runs one bucket
+of rows, the buckets powers of two from 2 up to the first one ≥ C (`decode_buckets`). The
+Program compiles one prefill program and one decode program per bucket (with speculative
+decoding two per bucket: the draft-and-verify step and the commit).
+
+**Workspace**: the activations of the largest step, `max(prefill, decode, store moves)`. For r
+rows of t tokens (n = r·t):
+
+      n × A × 4                        per-token activations of one layer, as float32:
+                                       A = 4·H (residual stream, norm, mixer and FF outputs)
+                                         + max(GDN: conv_dim + 3·Hv·Dv + 2·Hv + 2·Hv·Dk,
+                                               attention: 3·Hq·D + 2·Hkv·D)
+                                         + max(dense: 2·I, MoE: E + k·(2·H + 2·I_moe) + 2·I_shared)
+    + r × V × (itemsize + 4)           the logits and their float32 copy
+    + r × 2 × (Hv·Dk·Dv·4 + (K-1)·conv_dim·itemsize)   one GDN layer's state read and written
+    + r × 2·S·Hkv·D·4 + 3 × Hq·t·S·4 (backend xla/interpret; S = pages per request × 64):
+    + [r > 1] 2·S·Hkv·D·4              the rows' whole page tables gathered as float32 K and V,
+                                       and one row's scores, masked scores and probabilities
+                                       (the reference attends row by row, for batch invariance;
+                                       with several rows, the row's K and V sliced for the loop);
+                                       the Pallas kernels read pages in place and add nothing here
+
+  store moves: one request's whole context packed on the device for the Host (a Snapshot
+  pause at `max_context`, PAUSE-2, or its read-back): pages per request × page bytes + one
+  StateImage. Moves of several requests in flight together can exceed it.
+
+  The MoE term assumes a grouped (ragged) matmul, work proportional to top-k; XLA:CPU lowers
+  `ragged_dot` densely and needs far more, one more reason the CPU default charges nothing.
+
+**Compiled steps**: an allowance, not a measurement: each model-step program 16 MiB + 1 MiB per
+layer, plus 64 MiB for the head, the stores' movers and the backend's own.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ledger import capacity as cap
+from ninfer_jax.config import EngineConfig
+from ninfer_jax.model.config import ModelConfig
+
+# Two rows at least, even at C = 1 (a padding row writes nothing): XLA drops a size-1 row
+# axis and compiles a one-row step to other fusions, where a multiply-add may be contracted
+# into an FMA differently, so one row alone would round otherwise than the same row in any
+# larger bucket (batch invariance, doctrine 1; tests/engine/test_engine_batch_invariant.py).
+DECODE_BUCKETS = (2, 4, 8)
+
+MIB = 1 << 20
+COMPILED_STEP_BASE_BYTES = 16 * MIB  # per model-step program (prefill bucket, decode bucket)
+COMPILED_STEP_LAYER_BYTES = 1 * MIB  # and per model layer in it
+COMPILED_OTHER_BYTES = 64 * MIB  # the head program, the stores' movers, the backend's own
+
+
+def decode_buckets(max_concurrency: int) -> tuple[int, ...]:
+    """Row buckets covering 1..C: powers of two from 2 up to the first one >= C."""
+    out = []
+    for b in DECODE_BUCKETS:
+        out.append(b)
+        if b >= max_concurrency:
+            break
+    return tuple(out)
+
+
+def step_programs(buckets: tuple[int, ...], speculative: bool) -> int:
+    """Model-step programs compiled at warm-up: one prefill bucket and every decode bucket (two
+    per bucket with speculative decoding)."""
+    return 1 + (2 if speculative else 1) * len(buckets)
+
+
+def compiled_step_programs(config: EngineConfig) -> int:
+    """`step_programs` of a config's decode buckets and speculative decoding."""
+    return step_programs(decode_buckets(config.max_concurrency), bool(config.speculative_tokens))
+
+
+def compiled_program_bytes(model: ModelConfig) -> int:
+    """The allowance for one model-step program: 16 MiB + 1 MiB per layer (module doc)."""
+    return COMPILED_STEP_BASE_BYTES + model.num_layers * COMPILED_STEP_LAYER_BYTES
+
+
+def compiled_step_bytes(config: EngineConfig, model: ModelConfig) -> int:
+    """The documented allowance for compiled code on the device (module doc)."""
+    return compiled_step_programs(config) * compiled_program_bytes(model) + COMPILED_OTHER_BYTES
+
+
+def token_width(model: ModelConfig) -> int:
+    """A: float32 elements per token live in one layer's step (see the module doc)."""
+    h = model.hidden_size
+    hv, dk, dv = model.linear_num_value_heads, model.linear_key_head_dim, model.linear_value_head_dim
+    hq, hkv, d = model.num_attention_heads, model.num_key_value_heads, model.head_dim
+    mixer = 0
+    if model.linear_layers:
+        mixer = max(mixer, model.conv_dim + 3 * hv * dv + 2 * hv + 2 * hv * dk)
+    if model.attention_layers:
+        mixer = max(mixer, 3 * hq * d + 2 * hkv * d)
+    ff = 0
+    if "dense" in model.mlp_types:
+        ff = max(ff, 2 * model.intermediate_size)
+    if "moe" in model.mlp_types:
+        ff = max(ff, model.num_experts + model.num_experts_per_tok * (2 * h + 2 * model.moe_intermediate_size)
+                 + 2 * model.shared_expert_intermediate_size)
+    return 4 * h + mixer + ff
+
+
+def step_workspace_bytes(model: ModelConfig, rows: int, tokens: int, pages_per_request: int, itemsize: int,
+                         backend: str) -> int:
+    """Device workspace of one step over `rows` rows of `tokens` tokens (the module doc's formula)."""
+    n = rows * tokens
+    out = n * token_width(model) * 4
+    out += rows * model.vocab_size * (itemsize + 4)
+    if model.linear_layers:
+        hv = model.linear_num_value_heads
+        per_row = hv * model.linear_key_head_dim * model.linear_value_head_dim * 4 + (
+            model.linear_conv_kernel_dim - 1) * model.conv_dim * itemsize
+        out += rows * 2 * per_row
+    if model.attention_layers and backend in ("xla", "interpret"):
+        s = pages_per_request * cap.PAGE_TOKENS
+        out += rows * 2 * s * model.num_key_value_heads * model.head_dim * 4
+        # the reference attends row by row (batch invariance): one row's scores at a time, and
+        # with several rows, the row's keys and values sliced out for the loop's body
+        out += 3 * model.num_attention_heads * tokens * s * 4
+        if rows > 1:
+            out += 2 * s * model.num_key_value_heads * model.head_dim * 4
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Workspace:
+    prefill_bytes: int  # one prefill chunk: 1 row × chunk_size tokens
+    decode_bytes: int  # the largest decode bucket: decode_rows × 1 token
+    decode_rows: int
+    store_bytes: int  # one request's whole context packed for the Host: its pages and its StateImage
+    store_pages: int
+
+    @property
+    def bytes(self) -> int:
+        return max(self.prefill_bytes, self.decode_bytes, self.store_bytes)
+
+
+def workspace(model: ModelConfig, itemsize: int, *, chunk_size: int, decode_rows: int, pages_per_request: int,
+              page_bytes: int, state_image_bytes: int, backend: str) -> Workspace:
+    """The workspace of the steps: a prefill chunk, the largest decode bucket (`decode_rows`), and
+    one request's context (`pages_per_request` pages of `page_bytes` and a StateImage) to the Host."""
+    return Workspace(
+        prefill_bytes=step_workspace_bytes(model, 1, chunk_size, pages_per_request, itemsize, backend),
+        decode_bytes=step_workspace_bytes(model, decode_rows, 1, pages_per_request, itemsize, backend),
+        decode_rows=decode_rows, store_bytes=pages_per_request * page_bytes + state_image_bytes,
+        store_pages=pages_per_request)
