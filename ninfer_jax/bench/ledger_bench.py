@@ -13,7 +13,7 @@ Figures:
   records (each an E over 192 tokens, 100 shared system prompts with a shared entry each).
 - reclaim_quote_us_p50 / _p99: `ledger.quote` for a one-slot StateImage gap over those records:
   `--records` candidate deletion actions, each with its loss against the surviving fallback
-  (RCL-1..5), ranked and selected (RCL-4) through the cache's victim order (ledger/victims.py);
+  (RCL-1..5), ranked and selected (RCL-4) through the cache's victim order (ledger/reclamation/);
   reclaim_quote_reference_us_p50: the same quote by full enumeration (`quote_reference`).
 - scaling: one entry per `--scaling` size (default 1k, 10k, 100k cached checkpoints), each
   with `records`, `checkpoints`, `reclaim_quote_us_p50/_p99` (the engine's quote mix: State and
@@ -34,12 +34,12 @@ import argparse
 import gc
 from collections import deque
 import random
-import statistics
 import sys
 import time
 
 import ledger as L
 from ledger import arena as host
+from ninfer_jax.bench.stats import median, percentile
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -65,11 +65,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def _log(msg: str) -> None:
     print(f"[bench ledger] {msg}", file=sys.stderr, flush=True)
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def _populated_state(args) -> L.LedgerState:
@@ -129,8 +124,8 @@ def _bench_cycles(s: L.LedgerState, args) -> dict:
         t2 = clock()
         permit_us.append((t1 - t0) / 1e3)
         full_us.append((t2 - t0) / 1e3)
-    return {"cycle_us_p50": round(statistics.median(permit_us), 1), "cycle_us_p99": round(_pct(permit_us, 0.99), 1),
-            "cycle_full_us_p50": round(statistics.median(full_us), 1), "cycle_full_us_p99": round(_pct(full_us, 0.99), 1),
+    return {"cycle_us_p50": round(median(permit_us), 1), "cycle_us_p99": round(percentile(permit_us, 0.99), 1),
+            "cycle_full_us_p50": round(median(full_us), 1), "cycle_full_us_p99": round(percentile(full_us, 0.99), 1),
             "live_objects_end": len(s.objects)}
 
 
@@ -158,16 +153,16 @@ def _bench_arena(args) -> dict:
         alloc_ns.append(t1 - t0)
         free_ns.append(t2 - t1)
         a = a3 if rng.random() < 0.5 else a2  # drift the layout a little
-    return {"arena_alloc_us": round(statistics.median(alloc_ns) / 1e3, 2),
-            "arena_free_us": round(statistics.median(free_ns) / 1e3, 2),
-            "arena_alloc_us_p99": round(_pct(alloc_ns, 0.99) / 1e3, 2),
-            "arena_free_us_p99": round(_pct(free_ns, 0.99) / 1e3, 2),
+    return {"arena_alloc_us": round(median(alloc_ns) / 1e3, 2),
+            "arena_free_us": round(median(free_ns) / 1e3, 2),
+            "arena_alloc_us_p99": round(percentile(alloc_ns, 0.99) / 1e3, 2),
+            "arena_free_us_p99": round(percentile(free_ns, 0.99) / 1e3, 2),
             "arena_extents": a.free.count + len(a.used)}
 
 
 def _cache_state(args):
     """`--records` records with an E each (state slot + 3 KV pages), 100 shared prefixes."""
-    from ledger.cache_edit import Edit
+    from ledger.reclamation.edit import Edit
 
     n = args.records
     cfg = L.LedgerConfig((L.PoolSpec(L.MAIN_KV, L.KV_PAGES, 3 * n + 1024, 1024, 64),
@@ -233,11 +228,11 @@ def _bench_cache(args) -> dict:
         r = L.quote_reference(s, c, gap, ap)
         ref.append((clock() - t0) / 1e3)
     assert q.chosen == r.chosen, "the victim order must select what the full enumeration selects"
-    return {"cache_records": len(c.records), "source_select_us_p50": round(statistics.median(sel), 1),
-            "source_select_us_p99": round(_pct(sel, 0.99), 1), "reclaim_actions": len(r.actions),
-            "reclaim_quote_us_p50": round(statistics.median(quotes), 1),
-            "reclaim_quote_us_p99": round(_pct(quotes, 0.99), 1),
-            "reclaim_quote_reference_us_p50": round(statistics.median(ref), 1)}
+    return {"cache_records": len(c.records), "source_select_us_p50": round(median(sel), 1),
+            "source_select_us_p99": round(percentile(sel, 0.99), 1), "reclaim_actions": len(r.actions),
+            "reclaim_quote_us_p50": round(median(quotes), 1),
+            "reclaim_quote_us_p99": round(percentile(quotes, 0.99), 1),
+            "reclaim_quote_reference_us_p50": round(median(ref), 1)}
 
 
 def _scale_state(n_ckpts: int, seed: int, host_room: int = 16):
@@ -248,7 +243,7 @@ def _scale_state(n_ckpts: int, seed: int, host_room: int = 16):
     increasing demand; about 5% of the StateImages with a Host copy and 5% on Host only; eight
     active writers sharing a prompt's pages (`seq` holders) and two reader leases. Built with the
     policy's own edits (one bulk Edit: the victim order is built once at its end)."""
-    from ledger.cache_edit import Edit
+    from ledger.reclamation.edit import Edit
 
     rng = random.Random(seed)
     n_prefix = max(4, n_ckpts // 46)  # ~30 records per system prompt
@@ -321,7 +316,7 @@ def _scale_state(n_ckpts: int, seed: int, host_room: int = 16):
         s = L.commit(s, L.plan_add_holders(s, prefix_pages[k * (n_prefix // 8 or 1) % n_prefix], ("seq", k)))
     lease_on = [st for st in states[:50] if s.objects[st].device is not None][:2]
     s = L.commit(s, L.plan_lease(s, lease_on, L.DEVICE, "bench-reader"))
-    c = c._replace(victims=L.victims.sync(c.victims, s, c))  # the order follows the replicas moved above
+    c = c._replace(victims=L.reclamation.index_sync.sync(c.victims, s, c))  # the order follows the replicas moved above
     return s, c, tokens
 
 
@@ -361,7 +356,7 @@ def _scaling_entry(n: int, args) -> dict:
         us.append((clock() - t0) / 1e3)
         chosen += len(q.chosen)
     out = {"checkpoints": len(c.checkpoints), "records": len(c.records), "objects": len(s.objects),
-           "reclaim_quote_us_p50": round(statistics.median(us), 1), "reclaim_quote_us_p99": round(_pct(us, 0.99), 1),
+           "reclaim_quote_us_p50": round(median(us), 1), "reclaim_quote_us_p99": round(percentile(us, 0.99), 1),
            "reclaim_quotes": len(us), "reclaim_chosen_per_quote": round(chosen / len(us), 2)}
     if n <= args.reference_max:
         ref, same = [], True
@@ -371,10 +366,10 @@ def _scaling_entry(n: int, args) -> dict:
             ref.append((clock() - t0) / 1e3)
             q = L.quote(s, c, gap, ap, protect)
             same &= q.chosen == r.chosen and q.cold == r.cold and q.admitted == r.admitted
-        out.update(reclaim_quote_reference_us_p50=round(statistics.median(ref), 1),
-                   reclaim_quote_reference_us_p99=round(_pct(ref, 0.99), 1), reclaim_quote_reference_n=len(ref),
+        out.update(reclaim_quote_reference_us_p50=round(median(ref), 1),
+                   reclaim_quote_reference_us_p99=round(percentile(ref, 0.99), 1), reclaim_quote_reference_n=len(ref),
                    reference_matches=same,
-                   speedup_p50=round(statistics.median(ref) / max(statistics.median(us), 1e-3), 1))
+                   speedup_p50=round(median(ref) / max(median(us), 1e-3), 1))
     else:
         out["reclaim_quote_reference"] = f"skipped above --reference-max {args.reference_max} (seconds per quote)"
     out.update(_full_host(n, args))
@@ -387,7 +382,7 @@ def _scaling_entry(n: int, args) -> dict:
         hqt = L.quote(s, c, L.Gap(L.HOST, slot * len(need), need), L.Applicant(L.ApplicantKind.NECESSARY))
         hq.append((clock() - t0) / 1e3)
     assert hqt.admitted
-    out.update(host_quote_us_p50=round(statistics.median(hq), 1), host_quote_us_p99=round(_pct(hq, 0.99), 1),
+    out.update(host_quote_us_p50=round(median(hq), 1), host_quote_us_p99=round(percentile(hq, 0.99), 1),
                host_resident_objects=hosted)
     if n <= args.reference_max:
         gap = L.Gap(L.HOST, slot * len(need), need)
@@ -400,7 +395,7 @@ def _scaling_entry(n: int, args) -> dict:
         t0 = clock()
         L.query_sources(s, c, q, cost)
         sel.append((clock() - t0) / 1e3)
-    out["source_select_us_p50"] = round(statistics.median(sel), 1)
+    out["source_select_us_p50"] = round(median(sel), 1)
     demands = [L.UnitDemand(("seq", r), L.UnitKind.DECODE, {L.MAIN_KV: 1}) for r in range(args.rows)]
     cyc = []
     for _ in range(300):
@@ -409,7 +404,7 @@ def _scaling_entry(n: int, args) -> dict:
         s2 = L.commit(s, plan)
         cyc.append((clock() - t0) / 1e3)
         del s2
-    out["cycle_us_p50"] = round(statistics.median(cyc), 1)
+    out["cycle_us_p50"] = round(median(cyc), 1)
     out["build_s"] = round(build_s, 1)
     return out
 
@@ -427,7 +422,7 @@ def _full_host(n: int, args) -> dict:
         q = L.quote(s, c, gap, ap, protect)
         us.append((clock() - t0) / 1e3)
         demoted += sum(1 for a in q.chosen if a.host_victims)
-    out = {"full_host_quote_us_p50": round(statistics.median(us), 1), "full_host_quote_us_p99": round(_pct(us, 0.99), 1),
+    out = {"full_host_quote_us_p50": round(median(us), 1), "full_host_quote_us_p99": round(percentile(us, 0.99), 1),
            "full_host_quotes": len(us), "full_host_demotions_with_victims": demoted}
     if n <= args.reference_max:
         same = True

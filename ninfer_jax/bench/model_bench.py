@@ -23,8 +23,10 @@ import numpy as np
 
 from ninfer_jax.model import builtin
 from ninfer_jax.model.model import load_model
-from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+from ninfer_jax.model.compiled import CompiledSteps
+from ninfer_jax.model.pools import PAGE_SIZE, init_pools
 from ninfer_jax.bench import int_arg
+from ninfer_jax.bench.stats import median
 
 ROWS = (1, 2, 4, 8)
 CHUNK = 64
@@ -40,7 +42,7 @@ def _ours(prompt: np.ndarray, decode_steps: int) -> dict:
     cfg = model.config
     pages = math.ceil((len(prompt) + decode_steps + 1) / PAGE_SIZE)
     table = jnp.arange(max(ROWS) * pages, dtype=jnp.int32).reshape(max(ROWS), pages)
-    kv, state = init_pools(cfg, max(ROWS) * pages, max(ROWS), model.dtype)
+    kv, state = init_pools(cfg, max(ROWS) * pages, max(ROWS), model.dtype, steps.backend)
 
     def prefill_all(kv, state, rows: int):
         logits = None
@@ -104,7 +106,7 @@ def _capacity(decode_steps: int, rounds: int = 5) -> dict:
         runs = {}
         for scale in (1, 8):
             steps = CompiledSteps(model, progress=False)
-            kv, state = init_pools(cfg, scale * 8 * per_request, 8, model.dtype)
+            kv, state = init_pools(cfg, scale * 8 * per_request, 8, model.dtype, steps.backend)
             table = np.arange(bucket * per_request, dtype=np.int32).reshape(bucket, per_request)
             slots = np.where(np.arange(bucket) < requests, np.arange(bucket), -1).astype(np.int32)
             tokens = np.full(bucket, 7, np.int32)
@@ -121,7 +123,7 @@ def _capacity(decode_steps: int, rounds: int = 5) -> dict:
                 if r:
                     times[scale].append((time.perf_counter() - start) / decode_steps)
                 runs[scale][1:3] = [kv, state]
-        small, big = (float(np.median(times[s])) for s in (1, 8))
+        small, big = (float(median(times[s])) for s in (1, 8))
         out[f"decode_step_s_kv1x_r{requests}"] = small
         out[f"decode_step_s_kv8x_r{requests}"] = big
         out[f"capacity_ratio_r{requests}"] = big / small

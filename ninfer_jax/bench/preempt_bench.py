@@ -44,6 +44,7 @@ import threading
 import time
 
 import ledger
+from ninfer_jax.bench.stats import ratio, summary
 
 ROUTES = ("auto", "snapshot", "replay")
 PROGRAMS = ("sim", "model")
@@ -104,16 +105,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def _log(msg: str) -> None:
     print(f"[bench preempt] {msg}", file=sys.stderr, flush=True)
-
-
-def _pct(xs, q: float):
-    """Nearest rank over the values present (a value some request really had); None if none."""
-    xs = sorted(x for x in xs if x is not None)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
-
-
-def _ratio(a, b):
-    return round(a / b, 3) if a is not None and b else None
 
 
 # ---- the load -------------------------------------------------------------------------------
@@ -326,17 +317,14 @@ def _figures(passes: list[dict], load: Load, build_s: float, error: str | None) 
     done = [r for run in passes for r in run["results"] if r is not None]
     ok = [r for r in done if r.finish_reason != "error"]
 
-    def dist(name, values):
-        return {f"{name}_p50_s": _pct(values, 0.5), f"{name}_p99_s": _pct(values, 0.99)}
-
     totals = sorted(run["total_s"] for run in passes)
     stats = passes[0]["stats"] if passes else {k: 0 for k in STAT_KEYS}
     fig = {"error": error, "requests": len(load.prompts), "passes": len(passes),
            "requests_done": len(done), "requests_failed": len(done) - len(ok)}
-    fig.update(dist("completion", [c for run in passes for c in run["completion"]]))
-    fig.update(dist("ttft", [r.ttft_s for r in ok]))
-    fig.update(dist("max_gap", [getattr(r, "max_output_gap_s", None) for r in ok]))
-    fig.update(dist("admitted", [getattr(r, "admitted_s", None) for r in ok]))
+    fig.update(summary([c for run in passes for c in run["completion"]], "completion"))
+    fig.update(summary([r.ttft_s for r in ok], "ttft"))
+    fig.update(summary([getattr(r, "max_output_gap_s", None) for r in ok], "max_gap"))
+    fig.update(summary([getattr(r, "admitted_s", None) for r in ok], "admitted"))
     fig.update({
         # "bench": the engine did not fill Completion.completion_s; the end of the finishing cycle is used
         "completion_source": "bench" if any(run["source"] == "bench" for run in passes) else "engine",
@@ -436,7 +424,7 @@ def run_program(args, load: Load, program: str, model=None) -> dict:
                  f"{fig['differing_requests']}" + (" ..." if fig["outputs_differing"] > 16 else ""))
     if "snapshot" in out and "replay" in out:
         broken = out["snapshot"]["error"] or out["replay"]["error"]  # no ratio of a run that did not finish
-        out["snapshot_over_replay"] = {name: None if broken else _ratio(out["snapshot"][key], out["replay"][key])
+        out["snapshot_over_replay"] = {name: None if broken else ratio(out["snapshot"][key], out["replay"][key])
                                        for name, key in RATIOS}
     routes = [r for r in args.routes if r in out]
     out["routes_same_pause_counters"] = len({tuple(out[r][k] for k in PAUSE_KEYS) for r in routes}) <= 1

@@ -15,12 +15,12 @@ Flags after `spec`: --max_tokens N (default 128), --requests_per_lane N (default
 """
 from __future__ import annotations
 
-import statistics
 import sys
 
 from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
 from ninfer_jax.bench import int_arg
 from ninfer_jax.bench.engine_bench import submit_streams
+from ninfer_jax.bench.stats import median
 from ninfer_jax.model.model import load_model
 from ninfer_jax.program.program import Program
 
@@ -69,7 +69,7 @@ def _one(model, c: int, k: int, work: list[list[int]], max_tokens: int, repeats:
     # Per draft position j: the share of Verify units that emitted draft j (the last units of a
     # request draft fewer, as max_tokens leaves less room).
     by_pos = stats["spec_accepted_by_position"]
-    return {"tokens": tokens, "decode_tokens_per_s": statistics.median(rates), "rounds": [round(r, 1) for r in rates],
+    return {"tokens": tokens, "decode_tokens_per_s": median(rates), "rounds": [round(r, 1) for r in rates],
             "verify_units": units, "drafted": stats["spec_drafted_tokens"], "accepted": stats["spec_accepted_tokens"],
             "acceptance_by_position": [round(a / units, 4) if units else 0.0 for a in by_pos],
             "mean_accepted_length": round(stats["spec_mean_accepted_length"], 4) if units else 1.0,

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+
+from ninfer_jax.bench.stats import cdf
+from ninfer_jax.bench.trace_sweep import SWEEP_COLUMNS, sweep_rows
 
 
 def _plt():
@@ -28,11 +30,6 @@ def _plt():
     return plt
 
 
-def _cdf(values: Sequence[float]):
-    xs = sorted(values)
-    return xs, [(i + 1) / len(xs) for i in range(len(xs))]
-
-
 def _ttft_cdf(path: str, hot, cold) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -41,7 +38,7 @@ def _ttft_cdf(path: str, hot, cold) -> None:
             continue
         ttfts = [o.ttft_s for o in run.outcomes if o.ttft_s is not None]
         if ttfts:
-            xs, ys = _cdf(ttfts)
+            xs, ys = cdf(ttfts)
             ax.step(xs, ys, where="post", label=label)
     ax.set_xlabel(f"TTFT (s, {hot.clock} clock)")
     ax.set_ylabel("share of requests")
@@ -224,8 +221,6 @@ def too_long_lines(figures: dict, most: int = 50) -> list[str]:
 def write_sweep_report(folder: str, sweep: dict) -> list[str]:
     """`sweep.json` (the sweep's figures) and a `summary.md` comparing the splits, beside the
     per-split reports already written in `split_<S>/`; returns the paths written."""
-    from ninfer_jax.bench.trace import SWEEP_COLUMNS, sweep_rows
-
     os.makedirs(folder, exist_ok=True)
     written = [os.path.join(folder, "sweep.json"), os.path.join(folder, "summary.md")]
     with open(written[0], "w") as f:

@@ -13,7 +13,6 @@ and a 32k vocabulary, minutes on 2 cores; 0.8b: the Qwen3.5-0.8B-like text geome
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 
@@ -24,6 +23,7 @@ import numpy as np
 from ninfer_jax.bench import int_arg
 from ninfer_jax.bench.geometries import GEOMETRIES
 from ninfer_jax.bench.model_bench import hf_decode_seconds
+from ninfer_jax.bench.stats import median
 
 
 def _say(msg: str) -> None:
@@ -80,13 +80,14 @@ def _same_numbers(ours, hf, dtype: str) -> None:
 
 def _ours(model, prompt: np.ndarray, rows: int, steps: int):
     """A function timing `steps` decode steps of `rows` rows (prefilled once, on first call)."""
-    from ninfer_jax.model.steps import PAGE_SIZE, CompiledSteps, init_pools
+    from ninfer_jax.model.compiled import CompiledSteps
+    from ninfer_jax.model.pools import PAGE_SIZE, init_pools
     from ninfer_jax.program.program import decode_buckets
 
     bucket = next(b for b in decode_buckets(8) if b >= rows)
     per_row = -(-(len(prompt) + 1024) // PAGE_SIZE)
     compiled = CompiledSteps(model, progress=False)
-    kv, state = init_pools(model.config, bucket * per_row, bucket, model.dtype)
+    kv, state = init_pools(model.config, bucket * per_row, bucket, model.dtype, compiled.backend)
     table = np.arange(bucket * per_row, dtype=np.int32).reshape(bucket, per_row)
     chunk = np.zeros((1, 64), np.int32)
     for r in range(rows):
@@ -147,8 +148,8 @@ def run(argv: list[str]) -> dict:
             for _ in range(rounds):
                 ta.append(a())
                 tb.append(b())
-            ours_tps = rows * steps / statistics.median(ta)
-            hf_tps = rows * steps / statistics.median(tb)
+            ours_tps = rows * steps / median(ta)
+            hf_tps = rows * steps / median(tb)
             figures[f"{dtype}_b{rows}_tokens_per_s"] = ours_tps
             figures[f"{dtype}_b{rows}_hf_tokens_per_s"] = hf_tps
             figures[f"{dtype}_b{rows}_ratio_vs_hf"] = ours_tps / hf_tps
