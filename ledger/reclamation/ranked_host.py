@@ -273,6 +273,10 @@ class HostRanked:
             if self.any_action(hs):
                 pricing.record_cold_read()
                 return
+        # The applicant-dependent groups (waiters, pause snapshots: WAIT-2, PAUSE-4) are not in
+        # `host_reuse`; the full enumeration prices those this applicant may take (reading the
+        # owners when one is reuse tier), so evaluate them as the walk does, on this pricing.
+        self.special_actions()
 
     def any_action(self, hs) -> bool:
         objects, protect, keep = self.state.objects, self.protect, self.keep
