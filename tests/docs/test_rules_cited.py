@@ -9,6 +9,11 @@ their own "*Tests:*" part); a citation is what tests/docs/test_docs.py's `cited_
 * every (id, module) citation appears on that rule's Code line, and the Code line names no
   module that does not cite the id (a module that applies a rule without naming it belongs on a
   "*Not cited by id; applied in*" line, and such a rule is cited by no production module);
+* every test module (a `test_*.py` under tests/, outside tests/docs/) that cites an id is named
+  on that rule's "*Tests:*" line; helper modules (conftest.py, `*_checks.py`, `soak.py`, ...)
+  may be named but need not be: their citations are notes on fixtures or on checks that the
+  `test_*.py` modules using them cite and list as well, and tests/docs/ cites ids only as
+  examples for the citation parser;
 * every repository path a Code, applied-in or Tests line names exists;
 * docs/ledger.md names every module under ledger/, and the pages this issue rewrote
   (architecture, ledger, trace, rules) name only repository paths that exist.
@@ -50,6 +55,18 @@ def production_citations() -> dict[str, set[str]]:
     return out
 
 
+def citing_test_modules() -> dict[str, set[str]]:
+    """rule id -> the test modules (`test_*.py` under tests/, tests/docs/ left out) citing it."""
+    out: dict[str, set[str]] = {}
+    for p in sorted((ROOT / "tests").rglob("test_*.py")):
+        rel = _rel(p)
+        if rel.startswith("tests/docs/") or "__pycache__" in p.parts:
+            continue
+        for i in cited_ids(p.read_text(encoding="utf-8", errors="replace")):
+            out.setdefault(i, set()).add(rel)
+    return out
+
+
 def rule_sections(text: str | None = None) -> dict[str, str]:
     """rule id -> its section's text (heading to the next heading) on docs/rules.md."""
     text = RULES.read_text(encoding="utf-8") if text is None else text
@@ -73,6 +90,12 @@ def applied_modules(section: str) -> set[str] | None:
     return None if m is None else set(_PATH.findall(m.group(1)))
 
 
+def listed_tests(section: str) -> set[str] | None:
+    """The paths a section's "*Tests:*" line names (None: the section has no Tests line)."""
+    found = [set(_PATH.findall(m.group(1))) for m in _TESTS.finditer(section)]
+    return set().union(*found) if found else None
+
+
 def test_the_parsers_read_the_forms_rules_md_uses():
     res, g = "RES", "G"  # made-up ids, spelt so that the citation scan of this file skips them
     sample = (f"### {res}-99\nText.\n\n*Code:* `ledger/a.py`, `ninfer_jax/b.py` (the `_x` helper) — "
@@ -84,9 +107,12 @@ def test_the_parsers_read_the_forms_rules_md_uses():
     assert code_modules(sections[one]) == {"ledger/a.py", "ninfer_jax/b.py"}
     assert code_modules(sections[two]) is None and applied_modules(sections[two]) == {"ledger/c.py"}
     assert "next family" not in sections[two]
+    assert listed_tests(sections[one]) == {"tests/t.py"} and listed_tests(sections[two]) is None
     cited = production_citations()
     assert len(cited) > 100 and sum(map(len, cited.values())) > 400, "could not read the citations"
     assert len(rule_sections()) > 120, "could not read docs/rules.md's sections"
+    tested = citing_test_modules()
+    assert len(tested) > 100 and sum(map(len, tested.values())) > 200, "could not read the tests' citations"
 
 
 def test_every_rule_cited_in_production_code_has_a_code_line():
@@ -124,6 +150,21 @@ def test_rules_applied_without_their_id_are_not_cited():
     bad = [f"{rid}: '*Not cited by id*', yet cited by {', '.join(sorted(cited[rid]))} (give it a Code line)"
            for rid, s in sections.items() if applied_modules(s) is not None and rid in cited]
     assert not bad, "\n".join(bad)
+
+
+def test_tests_lines_name_the_citing_test_modules():
+    sections = rule_sections()
+    bad = []
+    for rid, modules in sorted(citing_test_modules().items()):
+        if rid not in sections:
+            bad.append(f"{rid}: cited by {', '.join(sorted(modules))}, but docs/rules.md has no '### {rid}'")
+            continue
+        lost = sorted(modules - (listed_tests(sections[rid]) or set()))
+        if lost:
+            bad.append(f"{rid}: add " + ", ".join(f"`{m}`" for m in lost))
+    assert not bad, (f"{len(bad)} rules whose '*Tests:*' line on docs/rules.md lacks test modules citing "
+                     f"them (append ' — *Tests:* ...' to the Code line where a rule has none):\n  "
+                     + "\n  ".join(bad))
 
 
 def test_rule_lines_name_existing_files():
