@@ -23,7 +23,7 @@ from ledger.errors import InvalidRequest
 from ledger.objects import plan_add_holders, plan_allocate, plan_copy_on_write
 from ledger.permits import UnitDemand, plan_unit_permit
 from ledger.plan import Refusal
-from ledger.sources import SourceCandidate, Takeover, _exclusive
+from ledger.sources import SourceCandidate, Takeover, exclusive
 from ledger.state import DEVICE, STATE_POOL, LedgerState, TxnKind
 from ledger.transactions import TransferRequest, plan_begin_transfer
 
@@ -94,7 +94,7 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         # PAUSE-1: a resume keeps its own record; it takes over no other record, retires none of
         # its points and never Moves their state (BIND-5): an independent Fork.
         takeover, retired = Takeover.FORK, ()
-    if src is not None and takeover == Takeover.MOVE and not _exclusive(state, cache, src, req.request):
+    if src is not None and takeover == Takeover.MOVE and not exclusive(state, cache, src, req.request):
         # BIND-5: a Move hands over a state only this point holds (the candidate may be stale)
         takeover = Takeover.TAKEOVER_FORK if cand.rid is not None else Takeover.FORK
     if src is not None:

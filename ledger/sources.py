@@ -81,7 +81,7 @@ def _bytes(state: LedgerState, c: Checkpoint, takeover: str) -> tuple[int, int, 
     return h2d, copy, tuple(missing), blocked
 
 
-def _exclusive(state: LedgerState, cache: CacheState, c: Checkpoint, request) -> bool:
+def exclusive(state: LedgerState, cache: CacheState, c: Checkpoint, request) -> bool:
     """BIND-5: the state can be Moved when nothing but this point (and the request's own
     waiting reference) holds or reads it, and no other waiter references the point (WAIT-1: it
     would stay intact for that waiter, sharing the state with the writer)."""
@@ -107,7 +107,7 @@ def _record_candidate(state, cache, q, c, rec, cost: CostModel):
             else:
                 drop.append(pid)  # BIND-4: deeper or incompatible, approved for replacement
         carried, retired = tuple(keep), tuple(drop)
-        if c.kind == PointKind.END and _exclusive(state, cache, c, q.request):
+        if c.kind == PointKind.END and exclusive(state, cache, c, q.request):
             kind = Takeover.MOVE
         else:
             kind = Takeover.TAKEOVER_FORK
@@ -156,7 +156,7 @@ def query_sources(state: LedgerState, cache: CacheState, q: SourceQuery, cost: C
     if c is not None and c.owner[0] == "wait" and c.frontier <= n and c.identity.is_prefix_of(q.identity):
         # WAIT-3: the old point this waiter alone keeps (its directory was replaced): an
         # independent branch; exclusively held, its state may still be Moved.
-        kind = Takeover.MOVE if _exclusive(state, cache, c, q.request) else Takeover.FORK
+        kind = Takeover.MOVE if exclusive(state, cache, c, q.request) else Takeover.FORK
         h2d, copy, missing, blocked = _bytes(state, c, kind)
         total = h2d * cost.h2d_per_byte + copy * cost.d2d_per_byte + (n - c.frontier) * cost.prefill_per_token
         out.append(SourceCandidate(c.cid, c.frontier, kind, None, (), (), h2d, copy, total, True, False, 0, c.cid,

@@ -52,12 +52,12 @@ def model_config(model: str) -> ModelConfig:
     (the checks `load_model` makes)."""
     from ninfer_jax.model import builtin
     from ninfer_jax.model.config import load_config
-    from ninfer_jax.model.model import _check_builtin, _check_folder
+    from ninfer_jax.model.model import check_builtin, check_folder
 
     if model.startswith("builtin:"):
-        _check_builtin(model)
+        check_builtin(model)
         return builtin.config()
-    _check_folder(model)
+    check_folder(model)
     return load_config(model)
 
 
@@ -66,9 +66,9 @@ def check_checkpoint_files(model: str) -> None:
     short): CheckpointError. Reads headers only. Nothing to check for a built-in model."""
     if model.startswith("builtin:"):
         return
-    from ninfer_jax.model.weights import _Tensors
+    from ninfer_jax.model.weights import Tensors
 
-    _Tensors(model)
+    Tensors(model)
 
 
 def itemsize(config: EngineConfig) -> int:

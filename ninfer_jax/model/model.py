@@ -97,9 +97,9 @@ def checkpoint_dtype(path_or_name: str) -> str:
     `torch_dtype`), else the dtype holding most bytes in its safetensors headers;
     float32 for the built-in model."""
     if path_or_name.startswith("builtin:"):
-        _check_builtin(path_or_name)
+        check_builtin(path_or_name)
         return "float32"
-    _check_folder(path_or_name)
+    check_folder(path_or_name)
     raw = read_config_json(path_or_name)
     parse_config(raw)  # a bad config is reported before anything about the weights
     declared = declared_dtype(raw)
@@ -129,12 +129,12 @@ def resolve_dtype(path_or_name: str, dtype: str = AUTO) -> str:
     return engine
 
 
-def _check_builtin(name: str) -> None:
+def check_builtin(name: str) -> None:
     if name != builtin.NAME:
         raise ConfigError("model", f"unknown built-in model {name!r}; available: {builtin.NAME}")
 
 
-def _check_folder(path: str) -> None:
+def check_folder(path: str) -> None:
     if not os.path.isdir(path):
         raise ConfigError("model", f"{path!r} is neither a folder nor {builtin.NAME}")
 
@@ -147,10 +147,10 @@ def load_model(path_or_name: str = builtin.NAME, dtype: str = AUTO,
     dtype = resolve_dtype(path_or_name, dtype)
     np_dtype = np.dtype(jnp.dtype(DTYPES[dtype]))
     if path_or_name.startswith("builtin:"):
-        _check_builtin(path_or_name)  # the shipped HF folder, read by the ordinary path
+        check_builtin(path_or_name)  # the shipped HF folder, read by the ordinary path
         folder, cfg = builtin.trained_folder(), builtin.config()
     else:
-        _check_folder(path_or_name)
+        check_folder(path_or_name)
         folder, cfg = path_or_name, load_config(path_or_name)
     params, mtp = load_params(folder, cfg, np_dtype, progress=progress)
     params = jax.tree.map(jnp.asarray, params)

@@ -104,7 +104,7 @@ class _Entry:
     dtype: str  # the header's dtype code (F32, BF16, ...)
 
 
-class _Tensors:
+class Tensors:
     """Lazy access to every tensor of a checkpoint folder, by (prefix-stripped) HF name."""
 
     def __init__(self, folder: str):
@@ -194,7 +194,7 @@ def _read_header(path: str) -> dict:
 
 def stored_dtype(folder: str) -> str | None:
     """The dtype a checkpoint folder's safetensors hold most of their floating bytes in."""
-    return _Tensors(folder).stored_dtype()
+    return Tensors(folder).stored_dtype()
 
 
 # ---- loading progress ------------------------------------------------------------------------
@@ -231,7 +231,7 @@ class ShardProgress:
 class _ShardTracker:
     """Reports each shard once every tensor to be read from it has been read."""
 
-    def __init__(self, tensors: _Tensors, reads: set[str], callback: Callable[[ShardProgress], None]):
+    def __init__(self, tensors: Tensors, reads: set[str], callback: Callable[[ShardProgress], None]):
         self._callback = callback
         self._sizes = {p: os.path.getsize(p) for p in tensors.files}
         self._total = sum(self._sizes.values())
@@ -369,7 +369,7 @@ def load_params(folder: str, cfg: ModelConfig, dtype,
                 progress: Callable[[ShardProgress], None] | None = None) -> tuple[dict, dict | None]:
     """Read, check and convert every tensor. Returns (params as numpy arrays of `dtype`, mtp).
     `progress` is called once per shard, as each one is finished."""
-    tensors = _Tensors(folder)
+    tensors = Tensors(folder)
     names = tensors.names()
     sources = _sources(cfg, names)
     shapes = param_shapes(cfg)

@@ -37,7 +37,7 @@ def run_lower(ninfer, monkeypatch):
         return f
 
     monkeypatch.setattr("ninfer_jax.model.weights.load_params", refuse("read a checkpoint's tensors"))
-    monkeypatch.setattr("ninfer_jax.model.weights._Tensors", refuse("opened a checkpoint's safetensors"))
+    monkeypatch.setattr("ninfer_jax.model.weights.Tensors", refuse("opened a checkpoint's safetensors"))
     monkeypatch.setattr(jax.stages.Lowered, "compile", refuse("compiled a step"))
     return lambda *args: ninfer("lower", *args)
 

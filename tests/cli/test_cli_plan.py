@@ -27,7 +27,7 @@ def plan(ninfer, monkeypatch):
         raise WeightsRead("ninfer plan read a checkpoint's tensors")
 
     monkeypatch.setattr("ninfer_jax.model.weights.load_params", refuse)
-    monkeypatch.setattr("ninfer_jax.model.weights._Tensors", refuse)
+    monkeypatch.setattr("ninfer_jax.model.weights.Tensors", refuse)
     return lambda *args: ninfer("plan", *args)
 
 
