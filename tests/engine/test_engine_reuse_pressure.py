@@ -89,3 +89,31 @@ def test_rcl2_one_quote_per_pool_and_applicant_per_attempt_facts_shared(tiny_mod
         ref = cold.submit(p, sp)
         run_until_done(cold, [ref])
         assert h.result().token_ids == ref.result().token_ids
+
+
+def test_bf16_packed_pools_under_pressure_equal_cold(tmp_path):
+    """bf16 pools are stored packed on the xla path (uint16 bits, issue 33): the same pressure —
+    2 Device slots, a small Host arena, captures offloaded and brought back by H2D, reclamation
+    while others compute — gives exactly the tokens of a cold bf16 engine."""
+    from ninfer_jax import Engine
+    from ninfer_jax.model.model import load_model
+    from ninfer_jax.program.program import Program
+    from pallas_kernels._common import PACKED
+
+    model = load_model("builtin:tiny-hybrid", "bfloat16")
+    path = os.path.join(tmp_path, "agent.jsonl")
+    trace_gen.main(["--kind", "agent", "--sessions", "4", "--max_context", "768", "--seed", "1", "--out", path])
+    trace = T.load_trace(path)
+    cfg = EngineConfig(max_context=768, max_concurrency=3, dtype="bfloat16", progress=False,
+                       context_cache=ContextCacheConfig(device_state_slots=2, host_capacity_bytes=2 << 20))
+    program = Program(cfg, model=model)
+    assert program.stores.pools["main_kv"].tree["k"][0].dtype == PACKED
+    hot_engine = _CheckedEngine(Engine(cfg, program=program, start=False))
+    hot = T.Replayer(hot_engine, trace, concurrency=3).run()
+    cold_cfg = EngineConfig(max_context=768, max_concurrency=3, dtype="bfloat16", progress=False,
+                            context_cache=ContextCacheConfig(host_capacity_bytes=1 << 20, enabled=False))
+    cold = T.Replayer(Engine(cold_cfg, program=Program(cold_cfg, model=model), start=False), trace,
+                      concurrency=3).run()
+    stats = hot.stats
+    assert stats["cached_tokens"] > 0 and stats["h2d_bytes"] > 0 and stats["d2h_bytes"] > 0
+    assert T.outputs_differing(hot, cold) == 0
