@@ -21,6 +21,7 @@ from ledger.cache_state import ActiveUse, CacheState, Checkpoint, seq_holder
 from ledger.effects import CopyToDevice, CopyUnit
 from ledger.errors import InvalidRequest
 from ledger.objects import plan_add_holders, plan_allocate, plan_copy_on_write
+from ledger import outcomes as oc
 from ledger.permits import UnitDemand, plan_unit_permit
 from ledger.plan import Refusal
 from ledger.sources import SourceCandidate, Takeover, exclusive
@@ -117,7 +118,7 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
     for pid in retired:
         if pid in e.cache.checkpoints:
             e.drop_point(pid)
-            e.note("retired", pid)
+            e.note(oc.Retired(pid))
 
     # 2. The writer's view.
     view_kv, view_state = [], None
@@ -147,7 +148,7 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
                     got = e.add(plan_copy_on_write(e.state, tail, me, content=("tail", req.request, tail)))
                     if isinstance(got, Refusal):
                         return got
-                    e.note("tail_copy", tail)
+                    e.note(oc.TailCopied(tail))
                     tail = got.proof.allocated[0][0]
             view_kv.append((pool, tuple(full) + ((tail,) if tail is not None else ())))
         if takeover in (Takeover.MOVE, Takeover.SNAPSHOT):  # BIND-5: exclusive E is Moved
@@ -172,7 +173,7 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         if isinstance(got, Refusal):
             return got
         permit = got.proof.permits[0]
-        e.note("permit", permit)
+        e.note(oc.PermitTaken(permit))
 
     # 4. WAIT-3/4: the request's own waiting reference is handed over now.
     orphan = src is not None and src.owner[0] == "wait"
@@ -185,8 +186,8 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
             e.drop_point(src.cid)
         use = e.cache.active[req.request]
         e.set(active=e.cache.active.set(req.request, use._replace(snapshot=None)))
-        e.note("resumed", takeover, use.rid, permit)
-        e.note("view", view_state, tuple(view_kv))
+        e.note(oc.Resumed(takeover, use.rid, permit))
+        e.note(oc.View(view_state, tuple(view_kv)))
         return e.finish("bind", note=f"resume {takeover} at {cand.frontier}")
     if src is None or orphan:  # a root, or WAIT-3: the waiter's own old point (the directory was replaced)
         rid = e.new_record(session=req.session, publication=pub, active=req.request).rid
@@ -214,6 +215,6 @@ def plan_bind(state: LedgerState, cache: CacheState, req: BindRequest) -> CacheR
         e.set(sessions=e.cache.sessions.set(req.session, rid))
     e.set(active=e.cache.active.set(req.request, ActiveUse(
         req.request, rid, None if src is None else src.cid, 0 if src is None else src.frontier, pub, frozenset())))
-    e.note("bound", takeover, rid, permit)
-    e.note("view", view_state, tuple(view_kv))
+    e.note(oc.Bound(takeover, rid, permit))
+    e.note(oc.View(view_state, tuple(view_kv)))
     return e.finish("bind", note=f"{takeover} at {cand.frontier}")  # HEAT-4: quotes place the segment

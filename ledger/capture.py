@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Hashable, NamedTuple
 
 from ledger import arena as host
+from ledger import outcomes as oc
 from ledger import reclamation as rc
 from ledger.reclamation import demand as ev
 from ledger.reclamation.edit import CacheResult, Edit
@@ -125,7 +126,7 @@ def _state_destination(e: Edit, view: SequenceView, cid: int, budget: int, owner
         rc.apply_quote(e, q)
         again = _state_destination(e, view, cid, 0, owner_tier, demand, False, owner)
         if not isinstance(again, Refusal):
-            e.note("reclaimed_for_capture", gap.pool, q.loss)
+            e.note(oc.ReclaimedForCapture(gap.pool, q.loss))
             return again
         e.rollback(m)
     return got
@@ -157,31 +158,29 @@ def plan_capture(state: LedgerState, cache: CacheState, req: CaptureRequest) -> 
     now = cache.clock
     demand = ev.demand_time_at(cache, ident)  # RCL-9: the candidate position's own demand
     kv = _coverage(state, view, f)
-    private_cid = None
     state_oid = None
     if req.private is not None:
         existing = [cache.checkpoints[c] for c in rec.points()]
         same = [c for c in existing if c.identity == ident and c.kind == req.private]
         if same:  # SAVE-6: an existing compatible point is carried as it is
-            e.note("carried", same[0].cid)
-            private_cid = same[0].cid
+            e.note(oc.Carried(same[0].cid))
             state_oid = same[0].state
         else:
             if req.private == PointKind.INPUT and rec.input_point is not None:
                 e.drop_point(rec.input_point)  # REC-9: the obsolete input point retires first
-                e.note("retired", rec.input_point)
+                e.note(oc.Retired(rec.input_point))
             if req.private == PointKind.ANCHOR and len(rec.anchors) >= MAX_ANCHORS:
                 oldest = e.cache.checkpoints[rec.anchors[0]]  # REC-9: replace the oldest published
                 if not rc.safely_removable(e.state, e.cache, oldest):
                     return Refusal("anchor_limit", None, "four anchors and the oldest is protected (REC-9)")
                 e.drop_point(oldest.cid)
-                e.note("replaced_anchor", oldest.cid)
+                e.note(oc.ReplacedAnchor(oldest.cid))
             cid = e.new_id()
             budget = f - _fallback(e.cache, ident)  # RCL-11: fixed added coverage
             rec_now = e.cache.records[use.rid]
             got = _state_destination(e, view, cid, budget, rec_now.tier, demand, req.allow_reclaim, ("rec", use.rid))
             if isinstance(got, Refusal):
-                e.note("private_skipped", got.reason)
+                e.note(oc.PrivateSkipped(got.reason))
                 if not req.shared:
                     if e.empty:
                         return got
@@ -201,14 +200,14 @@ def plan_capture(state: LedgerState, cache: CacheState, req: CaptureRequest) -> 
                 else:
                     r = r._replace(anchors=r.anchors + (cid,))
                 e.put_record(r)
-                e.note("private", cid)
-                private_cid, state_oid = cid, got
+                e.note(oc.PrivateSaved(cid))
+                state_oid = got
     if req.shared:
         m = e.mark()
         got = _capture_shared(e, view, ident, kv, state_oid, demand, req)
         if isinstance(got, Refusal):
             e.rollback(m)
-            e.note("shared_skipped", got.reason)  # SAVE-4: the private part stays
+            e.note(oc.SharedSkipped(got.reason))  # SAVE-4: the private part stays
             if e.empty:
                 return got
     if e.empty and not e.outcome:
@@ -222,7 +221,7 @@ def _capture_shared(e: Edit, view: SequenceView, ident, kv, state_oid, demand, r
     for cid in px.same(e.cache.index, ident):
         c = e.cache.checkpoints[cid]
         if c.kind == PointKind.SHARED and c.identity == ident:
-            e.note("shared_exists", cid)
+            e.note(oc.SharedExists(cid))
             return cid
     cid = e.new_id()
     if state_oid is None:  # no private point here: the entry takes its own destination
@@ -259,7 +258,7 @@ def _capture_shared(e: Edit, view: SequenceView, ident, kv, state_oid, demand, r
         e.add(plan_add_holders(e.state, hold, c.holder))
     tier = Tier.REUSE if demand else Tier.NORMAL
     e.put_shared(SharedEntry(cid, cid, tier, demand, len(ident.tokens) if demand else 0, req.explicit))
-    e.note("shared", cid)
+    e.note(oc.SharedSaved(cid))
     return cid
 
 
@@ -302,7 +301,7 @@ def plan_publish_end(state: LedgerState, cache: CacheState, view: SequenceView, 
                     e.replace_point(c._replace(state=view.state))
         e.put_point(Checkpoint(cid, ("rec", use.rid), PointKind.END, view.identity, st, kv, cache.clock))
         rec = e.cache.records[use.rid]._replace(end=cid)
-        e.note("E", cid)
+        e.note(oc.EndPublished(cid))
     else:
         rec = e.cache.records[use.rid]
     _release_seq(e, view)
@@ -312,7 +311,7 @@ def plan_publish_end(state: LedgerState, cache: CacheState, view: SequenceView, 
         other = e.cache.records.get(holder) if holder is not None else None
         if other is not None and other.rid != rec.rid and other.publication_order > rec.publication_order:
             rec = rec._replace(session=None)  # BIND-7: the newer publication keeps the name
-            e.note("session_kept_by_newer", other.rid)
+            e.note(oc.SessionKeptByNewer(other.rid))
         else:
             sessions = sessions.set(rec.session, rec.rid)
     e.put_record(rec._replace(active=None))
@@ -349,7 +348,7 @@ def plan_pause(state: LedgerState, cache: CacheState, view: SequenceView, *, sna
                                _coverage(state, view, view.frontier), cache.clock))
     _release_seq(e, view)
     e.set(active=e.cache.active.set(view.request, use._replace(snapshot=snap)))
-    e.note("paused", "snapshot" if snap else "replay", snap)
+    e.note(oc.Paused("snapshot" if snap else "replay", snap))
     return e.finish("pause")
 
 

@@ -8,17 +8,19 @@ order with one right answer, written once so the two drivers cannot drift apart:
   `CaptureRequest` it asks for at its frontier (`capture_request`);
 * `chunk_end`: where a prefill chunk starting at a frontier ends — at the next semantic
   frontier, never past the chunk size or the end (REC-8, G-6);
-* the typed reading of a policy result's outcome log: the view a bind hands over with the
-  permit it took (`bound_view`, BIND-*, TXN-2), and what a capture kept and skipped
-  (`captured`, SAVE-4/5). The ledger notes its outcomes as tagged tuples (`CacheResult.outcome`);
-  these readers are the one place that knows the tags, and drivers read typed fields.
+* the reading of a policy result's outcome log: the view a bind hands over with the permit it
+  took (`bound_view`, BIND-*, TXN-2), and what a capture kept and skipped (`captured`,
+  SAVE-4/5). The ledger notes its outcomes as typed records (`CacheResult.outcome`, one
+  ledger/outcomes.py record per event); these readers are the convenience drivers use, so that
+  a driver asks for a bind's view or a capture's counts rather than walking the log.
 """
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 from ledger.cache_state import InputKind, PointKind
 from ledger.capture import CaptureRequest, SequenceView
+from ledger.outcomes import SAVED, SKIPPED, PermitTaken, View
 
 
 class SavePoint(NamedTuple):
@@ -64,19 +66,15 @@ class Captured(NamedTuple):
     skipped: int
 
 
-def _entries(outcome: Iterable[tuple], tag: str) -> list[tuple]:
-    return [o for o in outcome if o[0] == tag]
-
-
 def bound_view(result) -> BoundView:
     """The view and permit a successful bind (`plan_bind`'s result) noted."""
-    view = _entries(result.outcome, "view")[0]
-    permit = next((o[1] for o in _entries(result.outcome, "permit")), None)
-    return BoundView(view[1], view[2], permit)
+    view = [o for o in result.outcome if isinstance(o, View)][0]
+    permit = next((o.permit for o in result.outcome if isinstance(o, PermitTaken)), None)
+    return BoundView(view.state_object, view.kv, permit)
 
 
 def captured(result) -> Captured:
     """Points a capture (`plan_capture`'s result) kept, and the parts it skipped (SAVE-4)."""
-    kept = sum(1 for o in result.outcome if o[0] in ("private", "shared"))
-    skipped = sum(1 for o in result.outcome if o[0].endswith("_skipped"))
+    kept = sum(1 for o in result.outcome if isinstance(o, SAVED))
+    skipped = sum(1 for o in result.outcome if isinstance(o, SKIPPED))
     return Captured(kept, skipped)

@@ -17,6 +17,7 @@ from ledger.reclamation.edit import CacheResult, Edit
 from ledger.cache_state import CacheState, WaitRef, wait_holder
 from ledger.errors import InvalidRequest
 from ledger.objects import plan_add_holders
+from ledger.outcomes import WaitRevoked
 from ledger.plan import Refusal
 from ledger.sources import SourceCandidate
 from ledger.state import LedgerState
@@ -67,4 +68,4 @@ def revocable_waiters(cache: CacheState, *, ticket: int | None, fresh: bool) -> 
 def plan_revoke_wait(state: LedgerState, cache: CacheState, request: Hashable) -> CacheResult:
     """Revoke one waiting protection; the affected request must reselect (WAIT-2)."""
     res = plan_release_wait(state, cache, request)
-    return res._replace(outcome=res.outcome + (("revoked_wait", request),))
+    return res._replace(outcome=res.outcome + (WaitRevoked(request),))

@@ -7,6 +7,7 @@ whatever still may move. The plan's ops re-check every object's version at commi
 """
 from __future__ import annotations
 
+from ledger import outcomes as oc
 from ledger.cache_state import CacheState, Checkpoint, PointKind
 from ledger.objects import plan_drop_replica
 from ledger.plan import Refusal
@@ -47,7 +48,7 @@ def apply_quote(e: Edit, q: Quote) -> None:
     # deletions freed (or that is no longer a Device-only replica) leaves the batch, never raises.
     stale = [oid for oid in demote if not _demotable(e.state, oid)]
     if stale:
-        e.note("demotion_stale", tuple(stale))
+        e.note(oc.DemotionStale(tuple(stale)))
         demote = [oid for oid in demote if oid not in stale]
         groups = [g for g in (tuple(o for o in g if o not in stale) for g in groups) if g]
     if demote and e.state.transaction is None:
@@ -57,9 +58,9 @@ def apply_quote(e: Edit, q: Quote) -> None:
                                                                drop_source=True))
             if not isinstance(got, Refusal):
                 e.add(got)
-                e.note("demotion", got.proof.generation, objs)
+                e.note(oc.DemotionBegun(got.proof.generation, objs))
                 break
-            e.note("demotion_refused", got.reason, objs)
+            e.note(oc.DemotionRefused(got.reason, objs))
 
 
 def safely_removable(state: LedgerState, cache: CacheState, c: Checkpoint) -> bool:
@@ -81,17 +82,17 @@ def _apply_one(e: Edit, a: Action) -> None:
     for req in a.waiters:
         if req in e.cache.waiters:
             e.end_wait(req)  # WAIT-2: the request must reselect
-            e.note("revoked_wait", req)
+            e.note(oc.WaitRevoked(req))
     if a.kind == "drop_replica":
         for oid in a.objects:
             o = e.state.objects.get(oid)
             other = None if o is None else (o.host if a.medium == DEVICE else o.device)
             if o is None or o.replica(a.medium) is None or other is None or not other.complete:
-                e.note("drop_stale", oid)  # RCL-5/RCL-7: freed by this plan's deletions: nothing to drop
+                e.note(oc.DropStale(oid))  # RCL-5/RCL-7: freed by this plan's deletions: nothing to drop
                 continue
             got = e.add(plan_drop_replica(e.state, oid, a.medium))
             if isinstance(got, Refusal):
-                e.note("drop_refused", oid, got.reason)  # the stale part is refused, the rest applies
+                e.note(oc.DropRefused(oid, got.reason))  # the stale part is refused, the rest applies
         return
     for cid in a.cids:
         c = e.cache.checkpoints.get(cid)
@@ -103,4 +104,4 @@ def _apply_one(e: Edit, a: Action) -> None:
             if use is not None:
                 e.set(active=e.cache.active.set(req, use._replace(snapshot=None)))
         e.drop_point(cid)
-        e.note("deleted", cid)
+        e.note(oc.Deleted(cid))

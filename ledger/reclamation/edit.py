@@ -16,6 +16,7 @@ from ledger.cache_state import (CacheState, Checkpoint, ContinuationRecord, Shar
 from ledger.chain import Chain
 from ledger.errors import InvalidRequest
 from ledger.objects import plan_add_holders, plan_drop_holders
+from ledger.outcomes import Outcome
 from ledger.plan import Plan
 from ledger.psorted import PSorted
 from ledger.reclamation.index_build import build
@@ -29,7 +30,7 @@ class CacheResult(NamedTuple):
 
     plan: Plan
     cache: CacheState
-    outcome: tuple = ()  # what happened, in words and ids (e.g. ("private", cid), ("skipped", why))
+    outcome: tuple[Outcome, ...] = ()  # what happened, as typed records (ledger/outcomes.py), in order
     ok: bool = True
 
 
@@ -49,7 +50,7 @@ class Edit:
             cache = cache._replace(victims=build(state, cache))
         self.cache = cache
         self.base_cache = cache
-        self.outcome: list = []
+        self.outcome: list[Outcome] = []
         self.bulk = bulk  # many changes at once: the victim order is rebuilt at finish
 
     def _victims(self, holders=(), cids=(), owners=(), pools=None) -> None:
@@ -278,8 +279,9 @@ class Edit:
         self._set(fallback=fallback, dep_order=dord)
         return set(mine)
 
-    def note(self, *what) -> None:
-        self.outcome.append(what)
+    def note(self, event: Outcome) -> None:
+        """Record what happened (one ledger/outcomes.py record) in the result's outcome."""
+        self.outcome.append(event)
 
     def finish(self, kind: str, note: str = "", victims: tuple = ()) -> CacheResult:
         plan = self.chain.finish(kind, note, victims)

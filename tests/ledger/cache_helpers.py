@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ledger as L
+from ledger.outcomes import View
 from ledger.simulate import CacheSim, SavePoint, small_config
 
 PAGE = 1024
@@ -24,8 +25,8 @@ def start(sim: CacheSim, req, tokens, session=None, pick=0, ticket=0):
     res = L.plan_bind(sim.state, sim.cache, L.BindRequest(req, cand, session, ticket=ticket))
     assert isinstance(res, L.CacheResult), res
     sim.apply(res)
-    v = [o for o in res.outcome if o[0] == "view"][0]
-    return cand, L.SequenceView(req, ident.prefix(cand.frontier), v[1], v[2])
+    v = [o for o in res.outcome if isinstance(o, View)][0]
+    return cand, L.SequenceView(req, ident.prefix(cand.frontier), v.state_object, v.kv)
 
 
 def compute(sim: CacheSim, view, tokens, upto=None):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from cache_helpers import L, SavePoint, capture, compute, make, points, start, toks
+from ledger.outcomes import Carried, PrivateSaved, Retired, SharedSkipped
 
 INPUT, SHARED = L.PointKind.INPUT, L.PointKind.SHARED
 
@@ -35,7 +36,7 @@ def test_save2_a_private_input_point_first_retires_this_records_obsolete_one():
     capture(sim, v, INPUT)
     v = compute(sim, v, t)
     res = capture(sim, v, INPUT)  # the only spare slot is reused after retiring the old point
-    assert res.ok and res.outcome[0][0] == "retired"
+    assert res.ok and isinstance(res.outcome[0], Retired)
     assert [c.frontier for c in points(sim, INPUT)] == [200]
 
 
@@ -59,8 +60,8 @@ def test_save4_failing_the_shared_part_keeps_the_private_part():
     _, v = start(sim, "a", t)
     v = compute(sim, v, t)  # both pages in use: no room for the shared tail copy
     res = capture(sim, v, INPUT, shared=True, allow_reclaim=False)
-    kinds = [o[0] for o in res.outcome]
-    assert "private" in kinds and "shared_skipped" in kinds
+    kinds = [type(o) for o in res.outcome]
+    assert PrivateSaved in kinds and SharedSkipped in kinds
     assert len(points(sim, INPUT)) == 1 and not points(sim, SHARED)
 
 
@@ -83,7 +84,7 @@ def test_save6_compatible_point_is_carried_and_recovery_permit_skips_captures():
     capture(sim, v, INPUT)
     n = len(sim.state.objects)
     res = capture(sim, v, INPUT)
-    assert res.outcome[0][0] == "carried" and len(sim.state.objects) == n
+    assert isinstance(res.outcome[0], Carried) and len(sim.state.objects) == n
     sim.apply(L.plan_unit_permit(sim.state, L.UnitDemand("z", L.UnitKind.RECOVERY, {L.MAIN_KV: 1})))
     res = capture(sim, v, L.PointKind.ANCHOR)
     assert isinstance(res, L.Refusal) and res.reason == "recovery_in_force"

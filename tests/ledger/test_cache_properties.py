@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from cache_helpers import L, make
 from ledger.cache_state import seq_holder
+from ledger.outcomes import View
 from ledger_helpers import SETTINGS
 from victim_checks import order_matches_scratch, quotes_agree
 
@@ -66,8 +67,8 @@ class CacheMachine(RuleBasedStateMachine):
             assert (self.sim.state, self.sim.cache) == before
             return
         self.sim.apply(res)
-        v = [o for o in res.outcome if o[0] == "view"][0]
-        self.views[req] = L.SequenceView(req, ident.prefix(cand.frontier), v[1], v[2])
+        v = [o for o in res.outcome if isinstance(o, View)][0]
+        self.views[req] = L.SequenceView(req, ident.prefix(cand.frontier), v.state_object, v.kv)
         self.tokens[req] = toks
 
     @rule(p=st.integers(0, 2), extra=st.integers(1, 120), shared=st.booleans())
@@ -137,8 +138,8 @@ class CacheMachine(RuleBasedStateMachine):
             return
         res = L.plan_bind(self.sim.state, self.sim.cache, L.BindRequest(req, cand, resume=True))
         if self._apply(res):
-            v = [o for o in res.outcome if o[0] == "view"][0]
-            self.views[req] = L.SequenceView(req, L.identity_of(toks).prefix(cand.frontier), v[1], v[2])
+            v = [o for o in res.outcome if isinstance(o, View)][0]
+            self.views[req] = L.SequenceView(req, L.identity_of(toks).prefix(cand.frontier), v.state_object, v.kv)
             self.tokens[req] = toks
             del self.paused[req]
 

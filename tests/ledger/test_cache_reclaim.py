@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from cache_helpers import L, capture, compute, end, make, points, start, toks
 from ledger.reclamation.edit import Edit
+from ledger.outcomes import DemotionStale, DropStale
 
 INPUT, END, SHARED, ANCHOR = L.PointKind.INPUT, L.PointKind.END, L.PointKind.SHARED, L.PointKind.ANCHOR
 NEC = L.Applicant(L.ApplicantKind.NECESSARY)
@@ -378,7 +379,7 @@ def test_rcl7_apply_quote_drops_from_the_transfer_what_the_same_plan_deleted():
     except L.IntegrityError:
         pass
     res = L.plan_reclaim(sim.state, sim.cache, stale)  # never raises
-    assert ("demotion_stale", demote.objects) in res.outcome
+    assert DemotionStale(demote.objects) in res.outcome
     sim.apply(res)
     assert sim.state.transaction is None and not sim.state.objects
 
@@ -439,6 +440,6 @@ def test_rcl7_a_stale_replica_drop_is_skipped_never_raised():
     drop = next(a for a in q.actions if a.kind == "drop_replica")
     delete = next(a for a in q.actions if a.kind == "delete")
     res = L.plan_reclaim(sim.state, sim.cache, q._replace(chosen=(delete, drop)))
-    assert ("drop_stale", dup) in res.outcome
+    assert DropStale(dup) in res.outcome
     sim.apply(res)
     assert dup not in sim.state.objects

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from cache_helpers import L, capture, compute, end, make, points, served, start, toks
+from ledger.outcomes import PrivateSaved, Retired, SharedSaved
 
 INPUT, ANCHOR, END, SHARED = L.PointKind.INPUT, L.PointKind.ANCHOR, L.PointKind.END, L.PointKind.SHARED
 
@@ -114,7 +115,7 @@ def test_rec9_deeper_end_carries_compatible_input_points_and_new_saves_retire_ol
     v = compute(sim, v, nxt)
     old = sim.cache.records[rec.rid].input_point
     res = capture(sim, v, INPUT)
-    assert ("retired", old) in res.outcome and old not in sim.cache.checkpoints
+    assert Retired(old) in res.outcome and old not in sim.cache.checkpoints
     assert sim.cache.records[rec.rid].input_point != old
 
 
@@ -185,7 +186,7 @@ def test_sh1_private_point_and_shared_entry_at_one_position_share_the_state_by_r
     sh = [c for c in points(sim, SHARED)][0]
     assert priv.state == sh.state
     assert sim.state.objects[priv.state].holders >= {priv.holder, sh.holder}
-    assert len([o for o in res.outcome if o[0] in ("private", "shared")]) == 2
+    assert len([o for o in res.outcome if isinstance(o, (PrivateSaved, SharedSaved))]) == 2
 
 
 def test_bind3_points_of_one_history_share_one_kv_directory_without_copies():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from cache_helpers import L, capture, compute, end, make, points, served, start, toks
+from ledger.outcomes import SessionKeptByNewer, TailCopied, View
 
 INPUT, END, SHARED = L.PointKind.INPUT, L.PointKind.END, L.PointKind.SHARED
 
@@ -59,7 +60,7 @@ def test_src3_cost_calibration_changes_order_never_recoverability():
 
 def test_src4_query_is_read_only_and_a_failed_bind_retires_nothing():
     sim = make(main=12, slots=8)
-    full = _finished(sim, "a", toks(300), out=(1, 2, 3))
+    _finished(sim, "a", toks(300), out=(1, 2, 3))
     before = (sim.state, sim.cache)
     cands = served(sim, toks(300) + [9, 9])
     assert (sim.state, sim.cache) == before
@@ -113,7 +114,7 @@ def test_bind2_crossing_a_named_entry_branches_and_shared_aliases_fork():
 
 def test_bind4_recompute_from_an_earlier_point_retires_deeper_ones_and_branches_copy_the_tail():
     sim = make()
-    full = _finished(sim, "a", toks(150), out=tuple(range(60)))
+    _finished(sim, "a", toks(150), out=tuple(range(60)))
     (e,) = points(sim, END)
     used = len(sim.state.objects)
     _, v = start(sim, "b", toks(150) + [999])  # the input point at 150 (partial page), E retires
@@ -123,7 +124,7 @@ def test_bind4_recompute_from_an_earlier_point_retires_deeper_ones_and_branches_
     _finished(sim2, "a", toks(150), shared_at=100)
     cand = [c for c in served(sim2, toks(100) + [5]) if c.frontier == 100][0]
     res = L.plan_bind(sim2.state, sim2.cache, L.BindRequest("c", cand))
-    assert any(o[0] == "tail_copy" for o in res.outcome)  # 100 % 64 != 0: a private tail copy
+    assert any(isinstance(o, TailCopied) for o in res.outcome)  # 100 % 64 != 0: a private tail copy
     assert any(isinstance(x, L.CopyUnit) for x in res.plan.effects)
 
 
@@ -167,7 +168,7 @@ def test_bind7_an_older_finish_never_overwrites_a_newer_publication():
     end(sim, vb)
     va = compute(sim, va, t)
     res = end(sim, va)  # the older request finishes late
-    assert any(o[0] == "session_kept_by_newer" for o in res.outcome)
+    assert any(isinstance(o, SessionKeptByNewer) for o in res.outcome)
     assert sim.cache.records[sim.cache.sessions["s"]].publication_order == 2
     assert served(sim, t + [1])[0].frontier == 100  # the unnamed history is reusable by content
 
@@ -233,7 +234,7 @@ def _resume(sim, req, cand):
     res = L.plan_bind(sim.state, sim.cache, L.BindRequest(req, cand, resume=True))
     assert isinstance(res, L.CacheResult), res
     sim.apply(res)  # check_cache: the writer's StateImage is its own
-    return [o for o in res.outcome if o[0] == "view"][0][1]
+    return [o for o in res.outcome if isinstance(o, View)][0].state_object
 
 
 def test_bind5_check_cache_rejects_a_writer_state_shared_with_a_checkpoint():
@@ -283,8 +284,8 @@ def test_bind5_a_move_candidate_gone_stale_by_a_new_waiter_keeps_the_state_for_i
     sim.apply(L.plan_wait(sim.state, sim.cache, "w", w, ticket=7))  # after b's query
     res = L.plan_bind(sim.state, sim.cache, L.BindRequest("b", cand))
     sim.apply(res)  # check_cache: a Move would leave E kept for w, sharing b's StateImage
-    view = [o for o in res.outcome if o[0] == "view"][0]
-    assert view[1] != e.state and L.wait_holder("w") in sim.state.objects[e.state].holders
+    view = [o for o in res.outcome if isinstance(o, View)][0]
+    assert view.state_object != e.state and L.wait_holder("w") in sim.state.objects[e.state].holders
 
 
 def test_wait3_a_paused_waiters_orphaned_point_is_moved_and_retired():

@@ -7,6 +7,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "ledger"))
 
 from cache_helpers import L, SavePoint, capture, compute, end, make, points, served, start, toks  # noqa: E402
+from ledger.outcomes import View  # noqa: E402
 
 INPUT, SHARED, END = L.PointKind.INPUT, L.PointKind.SHARED, L.PointKind.END
 
@@ -99,7 +100,7 @@ def test_scn7_no_host_few_slots_optional_saves_fail_necessary_work_goes_on_repla
     (cand,) = [c for c in served(sim, t[:128], req="p") if c.takeover == "root"]
     res = sim._retry(lambda: L.plan_bind(sim.state, sim.cache, L.BindRequest("p", cand, resume=True)))
     sim.apply(res)  # necessary work: a reclamation made room for the State (RCL-8)
-    v = L.SequenceView("p", L.identity_of(t).prefix(0), [o for o in res.outcome if o[0] == "view"][0][1], ())
+    v = L.SequenceView("p", L.identity_of(t).prefix(0), [o for o in res.outcome if isinstance(o, View)][0].state_object, ())
     v = compute(sim, v, t, 128)  # Replay back to the paused frontier
     assert capture(sim, v, INPUT).reason == "recovery_in_force"  # optional captures skipped (RD-1)
     sim.apply(L.plan_settle(sim.state, permit.proof.permits[0], "p"))
