@@ -6,7 +6,9 @@ The model: a Qwen3-Next-shaped MoE of `GEOMETRY` (hidden 1024, 8 layers of 3 Gat
 gated attention, every layer MoE: 64 experts of intermediate 256, top-8, a shared expert of 512),
 as a `qwen3_5_moe_text` config (the same MoE block as Qwen3-Next, plain GDN projections, so
 transformers reads our tensors as they are written), float32 weights normal * 0.02
-(`device_check.random_params`). Nothing is downloaded.
+(`device_check.random_params`), or those weights rounded to bfloat16 with --dtype=bfloat16 (both
+sides round the same float32 values to nearest even, so they hold the same bf16 weights). Nothing
+is downloaded.
 
 Measured in one process, after a warm-up that compiles every bucket: decode tokens/s at C = 1
 (the engine's 2-row bucket, the second a padding row of slot -1) and C = 8, each row at a context
@@ -14,13 +16,14 @@ of --prompt_len tokens, and the prefill of the prompt (chunks of 64 tokens, one 
 runs `RAGGED_MOE` (the code before the rewrite, kept here only for this comparison), "after"
 `layers.moe`; the two are timed in turn, --rounds pairs, so a drifting machine moves both;
 medians. With torch and transformers
-importable, `Qwen3_5MoeForCausalLM` (float32, eager attention, its default experts
+importable, `Qwen3_5MoeForCausalLM` (the same dtype, eager attention, its default experts
 implementation unless --hf_experts) runs the same weights in the same process, one prefill of the
 prompt into its cache, then single-token steps, after all of ours (see `main`: interleaving the
 two frameworks slows whichever runs second).
 
     python scripts/moe_bench.py                     # about 10 minutes on 2 CPU cores
     python scripts/moe_bench.py --no_before --rounds 5
+    python scripts/moe_bench.py --no_before --dtype bfloat16
 
 The last stdout line is the JSON record; progress goes to stderr.
 """
@@ -63,7 +66,7 @@ def _say(msg: str) -> None:
     print(f"[moe_bench] {msg}", file=sys.stderr, flush=True)
 
 
-def RAGGED_MOE(p, x, cfg):
+def RAGGED_MOE(p, x, cfg, rows=None):  # rows: every token runs, as before
     """`layers.moe` before issue 33's rewrite: grouped matmuls with `jax.lax.ragged_dot`, whose
     CPU lowering densifies every expert tensor; the k outputs scatter-added by sorted position."""
     lead, hidden = x.shape[:-1], x.shape[-1]
@@ -143,7 +146,7 @@ class Ours:
 
 
 class Transformers:
-    def __init__(self, model, prompt: np.ndarray, steps_n: int, experts: str | None):
+    def __init__(self, model, prompt: np.ndarray, steps_n: int, experts: str | None, host: dict):
         import torch
         import transformers
         from safetensors.numpy import save_file
@@ -154,17 +157,19 @@ class Transformers:
         with tempfile.TemporaryDirectory() as folder:
             with open(os.path.join(folder, "config.json"), "w") as f:
                 json.dump(dict(GEOMETRY, architectures=["Qwen3_5MoeForCausalLM"], dtype="float32"), f)
-            save_file(hf_tensors(jax.tree.map(np.asarray, model.params), None, model.config),
-                      os.path.join(folder, "model.safetensors"))
+            # the float32 weights; loading them as `dtype` rounds them as ours were rounded
+            save_file(hf_tensors(host, None, model.config), os.path.join(folder, "model.safetensors"))
             kwargs = {} if experts is None else {"experts_implementation": experts}
+            dtype = torch.bfloat16 if model.dtype == jnp.bfloat16 else torch.float32
             self.hf = transformers.AutoModelForCausalLM.from_pretrained(
-                folder, attn_implementation="eager", dtype=torch.float32, **kwargs).eval()
+                folder, attn_implementation="eager", dtype=dtype, **kwargs).eval()
         self.experts = self.hf.config._experts_implementation
         self.caches = {}
 
     def logits(self, tokens: np.ndarray) -> np.ndarray:
         with self.torch.no_grad():
-            return self.hf(self.torch.tensor(tokens[None].astype(np.int64)), use_cache=False).logits[0].numpy()
+            out = self.hf(self.torch.tensor(tokens[None].astype(np.int64)), use_cache=False).logits[0]
+            return out.float().numpy()
 
     def decode(self, c: int) -> float:
         torch = self.torch
@@ -189,6 +194,8 @@ def main() -> None:
     ap.add_argument("--no_before", action="store_true", help="skip the ragged_dot MoE")
     ap.add_argument("--no_transformers", action="store_true")
     ap.add_argument("--hf_experts", default=None, help="transformers' experts_implementation (default: its own)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the weights' (and pools') dtype on both sides")
     a = ap.parse_args()
     from device_check import random_params
 
@@ -198,10 +205,17 @@ def main() -> None:
     cfg = parse_config(GEOMETRY)
     concurrency = [int(c) for c in a.concurrency.split(",")]
     rows = max(concurrency)
-    _say(f"building random weights ({cfg.param_count() / 1e6:.0f}M parameters, float32)")
-    model = Model(config=cfg, params=random_params(cfg, jnp.float32), dtype=jnp.dtype(jnp.float32),
-                  name="random:qwen3-next-shaped-moe")
+    _say(f"building random weights ({cfg.param_count() / 1e6:.0f}M parameters, {a.dtype})")
+    f32 = random_params(cfg, jnp.float32)
     prompt = np.random.default_rng(1).integers(0, cfg.vocab_size, a.prompt_len).astype(np.int32)
+    host = jax.tree.map(np.asarray, f32) if not a.no_transformers else None
+    params = f32 if a.dtype == "float32" else jax.tree.map(lambda w: w.astype(jnp.bfloat16), f32)
+    reference = None  # bf16: both sides' logits against the float32 model's, the fair yardstick
+    if a.dtype != "float32" and not a.no_transformers:
+        reference = np.asarray(Model(config=cfg, params=f32, dtype=jnp.dtype(jnp.float32),
+                                     name="random:f32").forward(prompt[:32]))
+    del f32
+    model = Model(config=cfg, params=params, dtype=jnp.dtype(a.dtype), name="random:qwen3-next-shaped-moe")
     sides = {"after": Ours(model, layers.moe, rows, prompt, a.steps)}
     if not a.no_before:
         sides["before"] = Ours(model, RAGGED_MOE, rows, prompt, a.steps)
@@ -209,15 +223,23 @@ def main() -> None:
     hf = None
     if have_hf and not a.no_transformers:
         _say("transformers: writing the weights and loading them")
-        hf = Transformers(model, prompt, a.steps, a.hf_experts)
-    record = {"geometry": GEOMETRY, "params": cfg.param_count(), "dtype": "float32",
+        hf = Transformers(model, prompt, a.steps, a.hf_experts, host)
+    host = None
+    record = {"geometry": GEOMETRY, "params": cfg.param_count(), "dtype": a.dtype,
               "device": jax.devices()[0].platform,
               "prompt_len": a.prompt_len, "decode_steps": a.steps, "rounds": a.rounds,
               "jax": jax.__version__, "transformers_experts": hf.experts if hf else None}
     if hf is not None:  # the two models hold the same weights: their logits agree
-        ours = np.asarray(model.forward(prompt[:32]))
-        record["logits_max_abs_diff_vs_transformers"] = float(np.abs(ours - hf.logits(prompt[:32])).max())
-        _say(f"logits vs transformers: max abs diff {record['logits_max_abs_diff_vs_transformers']:.2e}")
+        ours, theirs = np.asarray(model.forward(prompt[:32]), np.float32), hf.logits(prompt[:32])
+        record["logits_max_abs"] = float(np.abs(ours).max())
+        record["logits_max_abs_diff_vs_transformers"] = float(np.abs(ours - theirs).max())
+        _say(f"logits vs transformers: max abs diff {record['logits_max_abs_diff_vs_transformers']:.2e} "
+             f"(largest logit {record['logits_max_abs']:.2f})")
+        if reference is not None:
+            for name, got in (("ours", ours), ("transformers", theirs)):
+                record[f"{name}_max_abs_diff_vs_float32"] = float(np.abs(got - reference).max())
+            _say(f"against the float32 model: ours {record['ours_max_abs_diff_vs_float32']:.2e}, "
+                 f"transformers {record['transformers_max_abs_diff_vs_float32']:.2e}")
 
     prefill = {name: [] for name in sides}
     for name, side in sides.items():

@@ -232,19 +232,27 @@ def dense_mlp(p: dict, x: jax.Array) -> jax.Array:
     return matmul(jax.nn.silu(matmul(x, p["gate_proj"])) * matmul(x, p["up_proj"]), p["down_proj"])
 
 
-def moe(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+def moe(p: dict, x: jax.Array, cfg: ModelConfig, rows: jax.Array | None = None) -> jax.Array:
     """Top-k routed experts plus the sigmoid-gated shared expert; x `[..., hidden]`.
 
     Each token's k expert outputs come from `routed_experts` (tiles of one expert's
     assignments; work and bytes follow the experts used) and are weighted and summed in the
     order of k with explicit adds, so a token's result never depends on which tokens share the
     step (batch invariance, doctrine 1).
+
+    `rows` (bool, `x.shape[:-1]`), where given, marks the real tokens: the others (a step's
+    padding rows, a chunk's tokens past its length) are routed to no expert, so their tiles
+    are not run; their routed output is 0. A padding row of the C = 1 decode bucket otherwise
+    doubled the expert tiles (issue 33). A real token's result is the same either way: its
+    tile products never read the other rows.
     """
     lead, hidden = x.shape[:-1], x.shape[-1]
     flat = x.reshape(-1, hidden)
     n, top_k = flat.shape[0], cfg.num_experts_per_tok
     probs = softmax(matmul(flat, p["router"]).astype(jnp.float32))
     weights, experts = jax.lax.top_k(probs, top_k)  # [n, k]
+    if rows is not None:  # NO_EXPERT sorts last and is counted in no expert's run
+        experts = jnp.where(rows.reshape(-1, 1), experts, cfg.num_experts)
     if cfg.norm_topk_prob:
         weights = weights / tree_sum(weights)[..., None]
     weights = weights.astype(x.dtype)
@@ -380,5 +388,6 @@ def _expert_product(x: jax.Array, w: jax.Array) -> jax.Array:
                                preferred_element_type=jnp.float32)
 
 
-def feed_forward(p: dict, x: jax.Array, kind: str, cfg: ModelConfig) -> jax.Array:
-    return moe(p, x, cfg) if kind == "moe" else dense_mlp(p, x)
+def feed_forward(p: dict, x: jax.Array, kind: str, cfg: ModelConfig, rows: jax.Array | None = None) -> jax.Array:
+    """The block's MLP; `rows` the real tokens (see `moe`; a dense MLP runs every row alike)."""
+    return moe(p, x, cfg, rows) if kind == "moe" else dense_mlp(p, x)

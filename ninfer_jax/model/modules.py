@@ -83,10 +83,11 @@ class DecoderLayer(nnx.Module):
     def gdn_output(self, o: jax.Array, z: jax.Array) -> jax.Array:
         return L.gdn_output(self.weights(), o, z, self.cfg)
 
-    def feed_forward(self, x: jax.Array) -> jax.Array:
-        """The block's second half: `x + ffn(post_norm(x))`."""
+    def feed_forward(self, x: jax.Array, rows: jax.Array | None = None) -> jax.Array:
+        """The block's second half: `x + ffn(post_norm(x))`; `rows` the real tokens (a step's
+        padding rows skip the routed experts: `layers.moe`)."""
         h = L.rms_norm(x, self.post_norm[...], self.cfg.rms_norm_eps)
-        return x + L.feed_forward(self.weights(), h, self.mlp_kind, self.cfg)
+        return x + L.feed_forward(self.weights(), h, self.mlp_kind, self.cfg, rows)
 
     # ---- whole sequence ----------------------------------------------------------------
     def mix(self, h: jax.Array, positions: jax.Array) -> jax.Array:

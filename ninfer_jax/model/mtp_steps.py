@@ -116,12 +116,13 @@ def mtp_chunk(lm, pool, final, next_tokens, start_pos, lengths, page_table, cfg,
     (MTP output hidden `[R, T, H]` after mtp.norm, pool with their K/V written)."""
     head = lm.mtp
     positions = start_pos[:, None] + jnp.arange(next_tokens.shape[1])[None, :]
+    valid = jnp.arange(next_tokens.shape[1])[None, :] < lengths[:, None]  # [R, T]
     x = head.fuse(final, lm.embed_tokens(next_tokens))
     ks, vs = list(pool["k"]), list(pool["v"])
     for i, layer in enumerate(head.layers):
         h, ks[i], vs[i] = mtp_attention(layer, layer.mixer_norm(x), positions, ks[i], vs[i], page_table,
                                         start_pos, lengths, cfg, backend)
-        x = layer.feed_forward(x + h)
+        x = layer.feed_forward(x + h, valid)  # padding runs no expert
     return head.out_norm(x), {"k": tuple(ks), "v": tuple(vs)}
 
 

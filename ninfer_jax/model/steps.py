@@ -108,7 +108,7 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
         else:
             h, kv = main_attention_chunk(layer, h, positions, kv, attn, page_table, start_pos, lengths, cfg, backend)
             attn += 1
-        x = layer.feed_forward(x + h)
+        x = layer.feed_forward(x + h, valid)  # padding tokens run no expert
     final = lm.final_norm(x)  # [R, T, H]
     last = final[jnp.arange(r), jnp.maximum(lengths - 1, 0)]
     if write_hidden:
@@ -154,7 +154,7 @@ def decode_step(params, kv, state, tokens, positions, page_table, slots, *,
             h = layer.attention_output(o, gate)
             kv = set_layer(kv, attn, k_pages, v_pages)
             attn += 1
-        x = layer.feed_forward(x + h)
+        x = layer.feed_forward(x + h, active)  # padding rows run no expert
     final = lm.final_norm(x)
     state = dict(state, hidden=page_copy.scatter(state["hidden"], slots, final, backend=backend))
     return lm.logits(final), final, kv, state

@@ -34,6 +34,7 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
     lm = model_module(params, cfg, merger)
     t_len = tokens.shape[1]
     positions = start_pos[:, None] + jnp.arange(t_len)[None, :]
+    valid = jnp.arange(t_len)[None, :] < lengths[:, None]  # [B, T]: a padding row has length 0
     fresh = start_pos == 0
     x = lm.embed_tokens(tokens)
     convs, recs = [], []
@@ -58,7 +59,7 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
         else:
             h, kv = main_attention_chunk(layer, h, positions, kv, attn, page_table, start_pos, lengths, cfg, backend)
             attn += 1
-        x = layer.feed_forward(x + h)
+        x = layer.feed_forward(x + h, valid)  # padding runs no expert
     final = lm.final_norm(x)
     return lm.logits(final), final, kv, {"conv": tuple(convs), "recurrent": tuple(recs)}
 

@@ -196,3 +196,27 @@ def test_moe_model_is_differentiable_through_the_experts(oracle_models):
     numeric = (float(jloss(moved(eps))) - float(jloss(moved(-eps)))) / (2 * eps)
     analytic = sum(float(jnp.vdot(d, d)) for d in direction.values())
     assert abs(numeric - analytic) <= 1e-3 * analytic, (numeric, analytic)
+
+
+def test_padding_rows_run_no_expert():
+    """`layers.moe(..., rows)`: a token marked not real (a step's padding row, a chunk's token
+    past its length) is routed to no expert, so its routed output is 0 and only the shared expert
+    remains; every real token's output is bit-identical to the unmasked MoE's."""
+    from ninfer_jax.model import layers
+
+    model = _wide_model()
+    cfg = model.config
+    p = next(layer for layer in model.params["layers"] if "experts_gate" in layer)
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((2, 8, cfg.hidden_size), np.float32))
+    rows = jnp.asarray(np.arange(8)[None, :] < np.asarray([[3], [8]]))  # row 0: 3 real tokens
+    full = np.asarray(layers.moe(p, x, cfg))
+    masked = np.asarray(layers.moe(p, x, cfg, rows))
+    real = np.asarray(rows)
+    assert np.array_equal(masked[real], full[real])
+    flat = x.reshape(-1, cfg.hidden_size)
+    shared = layers.dense_mlp({"gate_proj": p["shared_gate_proj"], "up_proj": p["shared_up_proj"],
+                               "down_proj": p["shared_down_proj"]}, flat)
+    shared = jax.nn.sigmoid(layers.matmul(flat, p["shared_expert_gate"]).astype(jnp.float32)) * shared
+    only_shared = np.asarray(shared).reshape(masked.shape)
+    assert np.array_equal(masked[~real], only_shared[~real])
+    assert not np.array_equal(masked[~real], full[~real])  # the unmasked tokens did run experts
