@@ -8,6 +8,9 @@ order with one right answer, written once so the two drivers cannot drift apart:
   `CaptureRequest` it asks for at its frontier (`capture_request`);
 * `chunk_end`: where a prefill chunk starting at a frontier ends — at the next semantic
   frontier, never past the chunk size or the end (REC-8, G-6);
+* `plan_with_reclaim`: plan, and on a shortfall reclaim for it and plan again at once (RES-4),
+  at most MAX_RETRIES times; each driver says how it reclaims (the engine's quotes respect an
+  in-flight transaction and its revocation limits, the sim's run the transaction at once);
 * the reading of a policy result's outcome log: the view a bind hands over with the permit it
   took (`bound_view`, BIND-*, TXN-2), and what a capture kept and skipped (`captured`,
   SAVE-4/5). The ledger notes its outcomes as typed records (`CacheResult.outcome`, one
@@ -16,11 +19,14 @@ order with one right answer, written once so the two drivers cannot drift apart:
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from ledger.cache_state import InputKind, PointKind
 from ledger.capture import CaptureRequest, SequenceView
 from ledger.outcomes import SAVED, SKIPPED, PermitTaken, View
+from ledger.plan import Refusal
+
+MAX_RETRIES = 4  # RES-4: reclaim-and-replan rounds before a shortfall is the answer
 
 
 class SavePoint(NamedTuple):
@@ -78,3 +84,17 @@ def captured(result) -> Captured:
     kept = sum(1 for o in result.outcome if isinstance(o, SAVED))
     skipped = sum(1 for o in result.outcome if isinstance(o, SKIPPED))
     return Captured(kept, skipped)
+
+
+def plan_with_reclaim(make: Callable[[], object], reclaim: Callable[[dict], bool], tries: int = MAX_RETRIES):
+    """RES-4: `make()` a plan; while it is refused for a shortfall, `reclaim(pools)` the missing
+    units (a {pool: amount} dict) and plan again, at most `tries` times. Returns the plan, or the
+    last Refusal: a refusal for another reason, or a shortfall reclamation could not meet."""
+    got = make()
+    for _ in range(tries):
+        if not isinstance(got, Refusal) or got.reason != "shortfall" or not got.shortfall:
+            return got
+        if not reclaim(dict(got.shortfall.pools)):
+            return got
+        got = make()
+    return got

@@ -12,7 +12,8 @@ It schedules nothing: there is no queue, no lane, no permit and no preemption he
 transaction is run to its end at once. The engine's scheduling cycle (ninfer_jax/engine/core.py,
 which the cost-model Program `ninfer_jax.sim.SimProgram` runs without model math) is the one
 scheduler; the steps both take the same way — save points and their captures, where a chunk
-ends, the typed reading of a bind's and a capture's outcome — are ledger/driver.py's.
+ends, the reclaim-and-replan loop (RES-4), the reading of a bind's and a capture's outcome —
+are ledger/driver.py's.
 """
 from __future__ import annotations
 
@@ -115,13 +116,8 @@ class CacheSim:
             self.apply(steps[t.phase](self.state, t.generation))
 
     def _retry(self, make, protect=(), keep_content=()):
-        for _ in range(4):
-            got = make()
-            if not isinstance(got, Refusal):
-                return got
-            if got.reason != "shortfall" or not self.reclaim(dict(got.shortfall.pools), protect, keep_content):
-                return got
-        return got
+        """RES-4, as the engine does it (ledger/driver.py)."""
+        return driver.plan_with_reclaim(make, lambda pools: self.reclaim(pools, protect, keep_content))
 
     # -- one request --------------------------------------------------------------------------
     def bind(self, request, ident: InputIdentity, session=None):

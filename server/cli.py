@@ -58,7 +58,7 @@ BENCHES = {"serve": "server.serve_bench", **bench.BENCHES}
 def cmd_serve(args: list[str]) -> int:
     """Run the gRPC service (and with --http_port the OpenAI-compatible HTTP API) until SIGTERM/SIGINT
     (server/cli_commands.py)."""
-    fake = FLAGS.model.startswith("fake:")  # server.testing's fake engine: no model, no JAX work
+    fake = FLAGS.model.startswith("fake:")  # server.fake_engine's fake engine: no model, no JAX work
     try:
         cli.no_arguments("serve", args)
         if not fake:

@@ -3,7 +3,7 @@
 `serve` builds the engine from the flags inside the server's warm-up (health NOT_SERVING until
 it is ready) and serves until SIGTERM/SIGINT. The remote commands stream text to stdout and
 progress to stderr, like their in-process twins. `--model=fake:NAME` serves the deterministic
-fake engine of `server.testing` (no model, no compilation: for trying the service out and tests);
+fake engine of `server.fake_engine` (no model, no compilation: for trying the service out and tests);
 `fake:NAME,step_s=0.02,len=200,warmup_s=5` sets its pace, output length and warm-up time.
 
 The remote commands never print a traceback for user input: a request the client refuses
@@ -57,7 +57,7 @@ def engine_factory(model: str, **settings: Any) -> Callable[[], Any]:
 
     if model.startswith("fake:"):
         def build_fake():
-            from server.testing import FakeEngine
+            from server.fake_engine import FakeEngine
 
             keep = {k: settings[k] for k in ("max_concurrency", "max_context") if k in settings}
             return FakeEngine(model=model, **keep, **fake_options(model))

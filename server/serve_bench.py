@@ -51,7 +51,7 @@ def _served_in_child(address: str, n: int, concurrency: int, prompt_len: int, ma
 def run(argv: list[str]) -> dict:
     from ninfer_jax.engine.types import SamplingParams
     from server import loadgen
-    from server.testing import FakeEngine, running_server
+    from server.fake_engine import FakeEngine, running_server
 
     n = int_arg(argv, "requests", 64)
     concurrency = int_arg(argv, "concurrency", 8)

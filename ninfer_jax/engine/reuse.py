@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import ledger
 from ledger import (MAIN_KV, Applicant, ApplicantKind, BindRequest, CacheResult, Gap, Refusal, SequenceView,
                     SourceQuery, UnitDemand, UnitKind)
-from ledger.driver import SavePoint, bound_view, capture_request, captured
+from ledger.driver import SavePoint, bound_view, capture_request, captured, plan_with_reclaim
 from ledger.effects import CopyToDevice, CopyToHost
 from ninfer_jax.engine.branch_points import KnownHistories
 from ninfer_jax.engine.transactions import Pending, PendingKind, TransactionEvents, Transactions
@@ -25,8 +25,6 @@ from ninfer_jax.program import calibrate
 if TYPE_CHECKING:
     from ninfer_jax.engine.contract import ProgramContract
     from ninfer_jax.engine.request import Request
-
-MAX_RETRIES = 4
 
 __all__ = ["Bound", "ContextCache", "SavePoint"]  # SavePoint: ledger/driver.py's, the one both drivers use
 
@@ -156,15 +154,8 @@ class ContextCache:
         return done
 
     def retry(self, make, protect=(), applicant: Applicant | None = None, revoke: bool = True):
-        """Plan, and on a shortfall reclaim and plan again at once (RES-4)."""
-        got = make()
-        for _ in range(MAX_RETRIES):
-            if not isinstance(got, Refusal) or got.reason != "shortfall" or not got.shortfall:
-                return got
-            if not self.reclaim(dict(got.shortfall.pools), protect, applicant, revoke=revoke):
-                return got
-            got = make()
-        return got
+        """Plan, and on a shortfall reclaim and plan again at once (RES-4: ledger/driver.py)."""
+        return plan_with_reclaim(make, lambda pools: self.reclaim(pools, protect, applicant, revoke=revoke))
 
     # ---- admission: sources and bind -------------------------------------------------------
     def bind(self, request, ident: ledger.InputIdentity, *, session, unit_end, ticket: int, resume: bool,

@@ -1,9 +1,9 @@
 """The server tests' doubles and helpers.
 
-`FakeEngine` is server.testing's fake engine (the one `ninfer serve --model=fake:NAME` serves)
+`FakeEngine` is server.fake_engine's fake engine (the one `ninfer serve --model=fake:NAME` serves)
 with the tests' controls: scripted output (`script`), an error raised by the next submit
 (`inject_error`), and a request that fails after its first token (`fail_next_request`).
-`running_server` is server.testing's; `wait_until`, `cut_streams` and `spawn_serve` drive
+`running_server` is server.fake_engine's; `wait_until`, `cut_streams` and `spawn_serve` drive
 servers from the tests.
 """
 from __future__ import annotations
@@ -13,11 +13,11 @@ import random
 import time
 from typing import Any
 
-from server import testing
-from server.testing import FakeHandle, running_server  # noqa: F401 (the tests import them from here)
+from server import fake_engine
+from server.fake_engine import FakeHandle, running_server  # noqa: F401 (the tests import them from here)
 
 
-class FakeEngine(testing.FakeEngine):
+class FakeEngine(fake_engine.FakeEngine):
     def __init__(self, *, script: str | None = None, **kw):
         """`script`: every request generates exactly this text's tokens, then stops (a model that
         answers with a tool call, say)."""
