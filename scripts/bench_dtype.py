@@ -21,10 +21,15 @@ rss   A bf16 checkpoint of DENSE (config.json + model.safetensors, written once 
       then the peak RSS is reset (/proc/self/clear_refs) and --steps steps are decoded.
       Reports the peak over those steps against runtime + weights + pools, what the decode
       steps added to the RSS they started from, and the compiled step's scratch buffer
-      (`memory_analysis().temp_size_in_bytes`).
+      (`memory_analysis().temp_size_in_bytes`). "runtime" is read once JAX's CPU client exists
+      (one op run), so the runtime's own memory is not counted as the model's. With --cache DIR
+      the step goes through JAX's persistent compilation cache in DIR (`compile_cache.enable`):
+      run it twice and the second process reads the executable back instead of compiling it,
+      as a second `ninfer generate` / `serve` does; the report says which it did.
 
     python scripts/bench_dtype.py time            # both models, 2 and 8 rows
     python scripts/bench_dtype.py rss             # a process of its own: peak RSS of a bf16 decode
+    python scripts/bench_dtype.py rss --cache /tmp/cc   # twice: the second reads the step from the cache
     python scripts/bench_dtype.py time --plain    # as before issue 33: bf16 products asked for a bf16 result
     python scripts/bench_dtype.py pools [--unpacked]  # decode with 64 vs 8192 KV pages (packed pools)
 
@@ -219,12 +224,22 @@ def run_rss(a) -> dict:
     if not os.path.exists(os.path.join(a.folder, "model.safetensors")):
         _say(f"writing the bf16 checkpoint to {a.folder} (a child process)")
         subprocess.run([sys.executable, __file__, "save", "--folder", a.folder], check=True)
-    rss = {"runtime": _status_kb("VmRSS") * 1024}  # before any weight exists
+    if a.cache:
+        from ninfer_jax import compile_cache
+        compile_cache.enable(a.cache)
+    jax.block_until_ready(jnp.zeros(1) + 1)  # the CPU client exists: the runtime, before any weight
+    rss = {"runtime": _status_kb("VmRSS") * 1024}
     model = load_model(a.folder)  # "auto": the checkpoint's bfloat16
     assert model.dtype_name == "bfloat16"
     rss["loaded"], rss["loaded_trimmed"] = _rss_trimmed()
     d = Decoder(model, max(a.rows), a.context, a.unpacked)
-    d.run(2)  # compile and warm up
+    counter = None
+    if a.cache:
+        from ninfer_jax.compile_cache import CompileCounter
+        counter = CompileCounter().start()
+    d.run(2)  # compile (or read back) and warm up
+    if counter is not None:
+        counter.stop()
     rss["compiled"], rss["compiled_trimmed"] = _rss_trimmed()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := the current RSS
@@ -236,6 +251,9 @@ def run_rss(a) -> dict:
     fig = {"model": "dense1024", "rows": max(a.rows), "weights_bytes": d.weight_bytes, "pools_bytes": d.pool_bytes,
            "step_temp_bytes": temp, "rss_bytes": rss,
            "peak_over_runtime_weights_pools": rss["decode_peak"] / (rss["runtime"] + budget),
+           "peak_less_runtime_over_weights_pools": (rss["decode_peak"] - rss["runtime"]) / budget,
+           "executables": None if counter is None else {"compiled": counter.compiled,
+                                                        "from_cache": counter.cache_hits},
            "decode_added_bytes": rss["decode_peak"] - rss["compiled_trimmed"]}
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
     _say(f"bf16 dense1024: runtime {mib(rss['runtime'])}, loaded {mib(rss['loaded'])} (trimmed "
@@ -243,7 +261,9 @@ def run_rss(a) -> dict:
          f"{mib(rss['compiled_trimmed'])}), peak while decoding {mib(rss['decode_peak'])} (the steps added "
          f"{mib(fig['decode_added_bytes'])}, XLA's scratch for one step {mib(temp)}); "
          f"weights {mib(d.weight_bytes)} + pools {mib(d.pool_bytes)}: "
-         f"peak / (runtime + weights + pools) = {fig['peak_over_runtime_weights_pools']:.3f}")
+         f"peak / (runtime + weights + pools) = {fig['peak_over_runtime_weights_pools']:.3f}, "
+         f"(peak - runtime) / (weights + pools) = {fig['peak_less_runtime_over_weights_pools']:.3f}"
+         + ("" if counter is None else f"; executables {counter.compiled} compiled, {counter.cache_hits} from cache"))
     return fig
 
 
@@ -258,6 +278,7 @@ def main(argv=None) -> None:
     p.add_argument("--unpacked", action="store_true",
                    help="bf16 pools stored as bfloat16, as before packing (XLA's CPU scatter converts them whole)")
     p.add_argument("--folder", default="/tmp/ninfer_bench_dense1024_bf16", help="rss: the bf16 checkpoint")
+    p.add_argument("--cache", default=None, help="rss: JAX's persistent compilation cache folder (run twice)")
     a = p.parse_args(argv)
     if a.what == "save":
         return save_checkpoint(a.folder)
