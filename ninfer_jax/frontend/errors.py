@@ -49,3 +49,50 @@ class InputTooLongError(FrontendError):
         super().__init__(message)
         self.length = length
         self.limit = limit
+
+
+class MediaError(FrontendError):
+    """An image or video the vision preprocessing cannot take (frontend/media.py); `code` names
+    the reason with a stable string, so a server can report it without parsing the message."""
+
+    code = "media"
+
+    def __init__(self, message: str):
+        super().__init__(f"{self.code}: {message}")
+
+
+class UndecodableMediaError(MediaError):
+    """Bytes that are not an image Pillow can identify, or a truncated or corrupt file."""
+
+    code = "undecodable_image"
+
+
+class UnsupportedMediaError(MediaError):
+    """A decodable input of a kind the preprocessing does not take: a file format outside the
+    allowed list, an array of the wrong dtype or shape, an empty image, frames of unequal size,
+    an aspect ratio over 200, too few frames for one temporal patch."""
+
+    code = "unsupported_media"
+
+
+class TooManyPixelsError(MediaError):
+    """An image (or video frame) larger than the caller's `max_input_pixels`, found from the file
+    header before anything is decoded."""
+
+    code = "too_many_pixels"
+
+    def __init__(self, message: str, *, pixels: int, limit: int):
+        super().__init__(message)
+        self.pixels = pixels
+        self.limit = limit
+
+
+class TooManyFramesError(MediaError):
+    """A video with more frames than the caller's limit (or, unsampled, than `max_frames`)."""
+
+    code = "too_many_frames"
+
+    def __init__(self, message: str, *, frames: int, limit: int):
+        super().__init__(message)
+        self.frames = frames
+        self.limit = limit
