@@ -52,6 +52,10 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     eos_token_id: tuple[int, ...] = ()
     mtp_num_hidden_layers: int = 0
+    # M-RoPE: how many of the rotary_dim/2 frequencies follow the (t, h, w) position axes
+    # (None: plain 1-D RoPE), and whether they interleave (t h w t h w ...) or run contiguously.
+    mrope_section: tuple[int, int, int] | None = None
+    mrope_interleaved: bool = False
 
     # ---- derived sizes -------------------------------------------------------------
     @property
@@ -167,12 +171,17 @@ def _layer_types(raw: dict, num_layers: int) -> tuple[str, ...]:
     return tuple(LINEAR if (i + 1) % interval else FULL for i in range(num_layers))
 
 
-def _rope(raw: dict) -> tuple[float, float]:
+def _rope_params(raw: dict) -> dict:
     params = raw.get("rope_parameters")
     if params is None:
         params = raw.get("rope_scaling") or {}
     if not isinstance(params, dict):
         raise ConfigError("rope_parameters", f"expected an object, got {params!r}")
+    return params
+
+
+def _rope(raw: dict) -> tuple[float, float]:
+    params = _rope_params(raw)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         raise ConfigError("rope_parameters.rope_type", f"{rope_type!r} is not supported (only 'default')")
@@ -183,6 +192,27 @@ def _rope(raw: dict) -> tuple[float, float]:
     if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
         raise ConfigError("partial_rotary_factor", f"must lie in (0, 1], got {factor!r}")
     return float(theta), float(factor)
+
+
+def _mrope(raw: dict, rotary_dim: int) -> tuple[tuple[int, int, int] | None, bool]:
+    """`rope_parameters.mrope_section` (three non-negative ints summing to rotary_dim/2, or
+    absent) and `rope_parameters.mrope_interleaved` (a bool, default False)."""
+    params = _rope_params(raw)
+    interleaved = params.get("mrope_interleaved")
+    if interleaved is None:
+        interleaved = False
+    elif not isinstance(interleaved, bool):
+        raise ConfigError("rope_parameters.mrope_interleaved", f"expected a bool, got {interleaved!r}")
+    section = params.get("mrope_section")
+    if section is None:
+        return None, interleaved
+    field = "rope_parameters.mrope_section"
+    if (not isinstance(section, (list, tuple)) or len(section) != 3
+            or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in section)):
+        raise ConfigError(field, f"expected a list of 3 non-negative ints, got {section!r}")
+    if sum(section) != rotary_dim // 2:
+        raise ConfigError(field, f"{section} must sum to rotary_dim/2 = {rotary_dim // 2}, got {sum(section)}")
+    return tuple(section), interleaved
 
 
 def _eos(raw: dict) -> tuple[int, ...]:
@@ -228,6 +258,7 @@ def parse_config(raw: dict) -> ModelConfig:
     theta, factor = _rope(raw)
     if int(head_dim * factor) % 2:
         raise ConfigError("partial_rotary_factor", f"head_dim*factor = {head_dim * factor} must be even")
+    mrope_section, mrope_interleaved = _mrope(raw, int(head_dim * factor))
     k_heads = _positive(raw, "linear_num_key_heads")
     v_heads = _positive(raw, "linear_num_value_heads")
     if v_heads % k_heads:
@@ -284,6 +315,8 @@ def parse_config(raw: dict) -> ModelConfig:
         max_position_embeddings=_positive(raw, "max_position_embeddings", 32768),
         eos_token_id=_eos(raw),
         mtp_num_hidden_layers=max(0, mtp_layers),
+        mrope_section=mrope_section,
+        mrope_interleaved=mrope_interleaved,
         **moe_fields,
     )
 

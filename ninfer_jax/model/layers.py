@@ -100,15 +100,33 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
 
 # ---- rotary embedding -------------------------------------------------------------------
 
-def rope_cos_sin(positions: jax.Array, cfg: ModelConfig, dtype) -> tuple[jax.Array, jax.Array]:
-    """cos/sin `[..., rotary_dim]` for integer positions `[...]`.
+def rope_cos_sin(positions: jax.Array, cfg: ModelConfig, dtype, *,
+                 triples: bool = False) -> tuple[jax.Array, jax.Array]:
+    """cos/sin `[..., rotary_dim]` for integer positions `[...]`, or with `triples=True` for
+    M-RoPE positions `[3, ...]` (axis 0 is t, h, w, as `rope_index` makes them).
 
-    Qwen3.5's interleaved M-RoPE gives every frequency the same text position when the three
-    grid axes are equal (text-only input), so it reduces to this 1-D RoPE.
+    Layout (transformers' Qwen3.5 / Qwen2-VL recomposition): frequency j < rotary_dim/2 takes its
+    position from axis a(j), then the halves repeat ([f, f], NeoX). With `mrope_section`
+    (s_t, s_h, s_w) and `mrope_interleaved`, a(j) = h if j % 3 == 1 and j < 3*s_h, w if
+    j % 3 == 2 and j < 3*s_w, else t; not interleaved, the sections are contiguous (s_t t's,
+    then s_h h's, then s_w w's). With all three axes equal (text) this is bit-identical to the
+    1-D path. A flag, not the shape, picks the mode: a leading axis of 3 may be a batch.
     """
     dim = cfg.rotary_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    if triples:
+        section = cfg.mrope_section
+        if section is None or positions.shape[:1] != (3,):
+            raise ValueError(f"M-RoPE needs cfg.mrope_section and positions [3, ...]; got "
+                             f"{section} and shape {positions.shape}")
+        if cfg.mrope_interleaved:
+            axis = [1 if j % 3 == 1 and j < 3 * section[1] else 2 if j % 3 == 2 and j < 3 * section[2]
+                    else 0 for j in range(dim // 2)]
+        else:
+            axis = [a for a, n in enumerate(section) for _ in range(n)]
+        freqs = jnp.moveaxis(positions.astype(jnp.float32), 0, -1)[..., jnp.asarray(axis)] * inv_freq
+    else:
+        freqs = positions.astype(jnp.float32)[..., None] * inv_freq
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
 
