@@ -1,7 +1,8 @@
 """Model configuration from a Hugging Face `config.json`, in both published styles.
 
 Accepted: `qwen3_next`, `qwen3_5_text`, `qwen3_5_moe_text`, and the nested multimodal wrappers
-`qwen3_5` / `qwen3_5_moe` (their `text_config` is used; vision is ignored for now). Both the
+`qwen3_5` / `qwen3_5_moe` (their `text_config` is used; the `vision_config` and the media
+token ids are read by `vision.parse_vision_config` / `rope_index.VisionTokens`). Both the
 current fields (`layer_types`, `rope_parameters`) and the legacy ones
 (`full_attention_interval`, top-level `rope_theta` / `partial_rotary_factor`, `mtp_*`) load.
 Anything unknown or inconsistent is a `ConfigError` naming the field.

@@ -143,8 +143,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 # ---- gated full attention ---------------------------------------------------------------
 
-def attention_project(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
-    """x `[..., hidden]` → q `[..., Hq, D]`, k, v `[..., Hkv, D]` (normed, roped), gate `[..., Hq*D]`."""
+def attention_project(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelConfig, *, triples: bool = False):
+    """x `[..., hidden]` → q `[..., Hq, D]`, k, v `[..., Hkv, D]` (normed, roped), gate `[..., Hq*D]`.
+    `positions` `[...]`, or M-RoPE `[3, ...]` with `triples` (`rope_cos_sin`)."""
     lead = x.shape[:-1]
     d = cfg.head_dim
     qg = matmul(x, p["q_proj"]).reshape(*lead, cfg.num_attention_heads, 2 * d)
@@ -153,7 +154,7 @@ def attention_project(p: dict, x: jax.Array, positions: jax.Array, cfg: ModelCon
     v = matmul(x, p["v_proj"]).reshape(*lead, cfg.num_key_value_heads, d)
     q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
     k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
-    cos, sin = rope_cos_sin(positions, cfg, x.dtype)
+    cos, sin = rope_cos_sin(positions, cfg, x.dtype, triples=triples)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate.reshape(*lead, -1)
 
 

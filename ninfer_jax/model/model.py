@@ -3,7 +3,8 @@
 `Model.forward(token_ids)` runs one uncached pass with dense causal attention and the
 token-by-token delta rule (`modules.HybridLM.__call__`): the reference that every cached path
 (paged steps, reuse, replay) is compared with. It shares nothing with the paged steps but the
-modules' per-layer projections, outputs and feed-forward.
+modules' per-layer projections, outputs and feed-forward. With images or videos (a checkpoint
+with a vision tower, `Model.vision`) it is `multimodal.forward_media`.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import numpy as np
 
 from ninfer_jax.errors import ConfigError, RequestError
 from ninfer_jax.model import builtin
-from ninfer_jax.model.config import ModelConfig, declared_dtype, load_config, parse_config, read_config_json
+from ninfer_jax.model.config import ModelConfig, declared_dtype, parse_config, read_config_json
+from ninfer_jax.model.multimodal import Vision, forward_media, has_placeholders, is_multimodal, load_vision
 from ninfer_jax.model.weights import ShardProgress, load_params, stored_dtype
 
 if TYPE_CHECKING:  # flax is imported only when a model is first used
@@ -47,6 +49,7 @@ class Model:
     dtype: jnp.dtype
     name: str
     mtp: dict | None = None  # kept by name for the speculative backend
+    vision: Vision | None = dataclasses.field(default=None, repr=False)  # the tower; None: text only
     _split: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -64,8 +67,13 @@ class Model:
             self._split = (self.params, *split(HybridLM(self.config, self.params)))
         return self._split[1], self._split[2]
 
-    def forward(self, token_ids) -> jax.Array:
-        """Logits `[T, vocab]` (float32) of one whole uncached pass over `token_ids` `[T]`."""
+    def forward(self, token_ids, images=(), videos=()) -> jax.Array:
+        """Logits `[T, vocab]` (float32) of one whole uncached pass over `token_ids` `[T]`.
+
+        `images` / `videos`: (pixel_values, grid_thw) pairs (or `PreparedImage`s) in order of
+        appearance; `token_ids` then hold their placeholder runs, as the reference processor
+        expands them (`multimodal.forward_media`). On a model with a tower, placeholders with no
+        media are a RequestError; without media or placeholders this is the text-only pass."""
         tokens = jnp.asarray(token_ids, dtype=jnp.int32)
         if tokens.ndim != 1 or tokens.shape[0] == 0:
             raise RequestError(f"token_ids must be a non-empty 1-D sequence, got shape {tokens.shape}")
@@ -74,6 +82,9 @@ class Model:
             raise RequestError(f"token id {int(np.asarray(tokens)[bad][0])} outside the vocabulary "
                                f"[0, {self.config.vocab_size})")
         merger, leaves = self.functional
+        images, videos = tuple(images or ()), tuple(videos or ())
+        if images or videos or has_placeholders(self.vision, tokens):
+            return forward_media(merger, leaves, self.config, self.vision, tokens, images, videos)
         return _forward(merger, leaves, tokens)
 
 
@@ -148,10 +159,12 @@ def load_model(path_or_name: str = builtin.NAME, dtype: str = AUTO,
     np_dtype = np.dtype(jnp.dtype(DTYPES[dtype]))
     if path_or_name.startswith("builtin:"):
         check_builtin(path_or_name)  # the shipped HF folder, read by the ordinary path
-        folder, cfg = builtin.trained_folder(), builtin.config()
+        folder, cfg, raw = builtin.trained_folder(), builtin.config(), {}
     else:
         check_folder(path_or_name)
-        folder, cfg = path_or_name, load_config(path_or_name)
-    params, mtp = load_params(folder, cfg, np_dtype, progress=progress)
+        raw = read_config_json(path_or_name)
+        folder, cfg = path_or_name, parse_config(raw)
+    params, mtp = load_params(folder, cfg, np_dtype, progress=progress, vision=is_multimodal(raw))
     params = jax.tree.map(jnp.asarray, params)
-    return Model(config=cfg, params=params, dtype=DTYPES[dtype], name=path_or_name, mtp=mtp)
+    vision = load_vision(folder, raw, cfg, np_dtype)
+    return Model(config=cfg, params=params, dtype=DTYPES[dtype], name=path_or_name, mtp=mtp, vision=vision)

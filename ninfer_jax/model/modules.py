@@ -68,8 +68,8 @@ class DecoderLayer(nnx.Module):
     def mixer_norm(self, x: jax.Array) -> jax.Array:
         return L.rms_norm(x, self.input_norm[...], self.cfg.rms_norm_eps)
 
-    def attention_project(self, h: jax.Array, positions: jax.Array):
-        return L.attention_project(self.weights(), h, positions, self.cfg)
+    def attention_project(self, h: jax.Array, positions: jax.Array, triples: bool = False):
+        return L.attention_project(self.weights(), h, positions, self.cfg, triples=triples)
 
     def attention_output(self, o: jax.Array, gate: jax.Array) -> jax.Array:
         return L.attention_output(self.weights(), o, gate)
@@ -90,20 +90,20 @@ class DecoderLayer(nnx.Module):
         return x + L.feed_forward(self.weights(), h, self.mlp_kind, self.cfg, rows)
 
     # ---- whole sequence ----------------------------------------------------------------
-    def mix(self, h: jax.Array, positions: jax.Array) -> jax.Array:
+    def mix(self, h: jax.Array, positions: jax.Array, triples: bool = False) -> jax.Array:
         """The uncached token mixer over `[T, H]`: conv + delta rule from a zero state, or dense
-        causal attention."""
+        causal attention (positions `[T]`, or M-RoPE `[3, T]` with `triples`)."""
         if self.kind == LINEAR:
             mixed, z, b, a = self.gdn_project(h)
             mixed = L.conv_reference(mixed, self.conv[...])
             q, k, v, g, beta = self.gdn_gates(mixed, b, a)
             o, _ = L.delta_rule_reference(q, k, v, g, beta)
             return self.gdn_output(o, z)
-        q, k, v, gate = self.attention_project(h, positions)
+        q, k, v, gate = self.attention_project(h, positions, triples)
         return self.attention_output(L.dense_causal_attention(q, k, v), gate)
 
-    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        x = x + self.mix(self.mixer_norm(x), positions)
+    def __call__(self, x: jax.Array, positions: jax.Array, triples: bool = False) -> jax.Array:
+        x = x + self.mix(self.mixer_norm(x), positions, triples)
         return self.feed_forward(x)
 
 
@@ -166,12 +166,18 @@ class HybridLM(nnx.Module):
         """Final-normed hidden `[..., H]` → float32 logits `[..., V]`."""
         return lm_head_logits(self.embed[...], None if self.lm_head is None else self.lm_head[...], final)
 
-    def __call__(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """tokens `[T]` → (logits `[T, V]` float32, hidden `[T, H]` before the final norm)."""
-        x = self.embed_tokens(tokens)
-        positions = jnp.arange(tokens.shape[0])
+    def __call__(self, tokens: jax.Array, embeds: jax.Array | None = None, positions: jax.Array | None = None,
+                 triples: bool = False) -> tuple[jax.Array, jax.Array]:
+        """tokens `[T]` → (logits `[T, V]` float32, hidden `[T, H]` before the final norm).
+
+        `embeds` `[T, H]` replaces the token embeddings (the multimodal pass: the tower's tokens
+        in the placeholders' rows); `positions` `[T]` (default arange), or M-RoPE `[3, T]` with
+        `triples`, reach the attention layers' rope."""
+        x = self.embed_tokens(tokens) if embeds is None else embeds
+        if positions is None:
+            positions = jnp.arange(tokens.shape[0])
         for layer in self.layers:
-            x = layer(x, positions)
+            x = layer(x, positions, triples)
         return self.logits(self.final_norm(x)), x
 
     def mtp_logits(self, hidden: jax.Array, next_tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:

@@ -5,7 +5,8 @@ key names with or without the `model.language_model.` prefix; Qwen3-Next's group
 `in_proj_qkvz`/`in_proj_ba` (regrouped here into the plain Qwen3.5 layout) or the plain
 Qwen3.5 projections; MoE experts as per-expert keys or as fused 3-D tensors; float32 and
 bfloat16. `mtp.*` tensors are kept for the speculative backend; an incomplete MTP set disables
-MTP with a warning; vision tensors are ignored with a warning. Missing, unexpected or
+MTP with a warning; vision tensors are skipped (loaded by `multimodal.load_vision` for a
+multimodal config, else ignored with a warning). Missing, unexpected or
 misshapen tensors are reported together in one `CheckpointError`.
 
 Tensors are read in file order (shard by shard, by offset), and a `progress` callback hears
@@ -32,7 +33,8 @@ from ninfer_jax.model.config import FULL, LINEAR, ModelConfig
 
 log = logging.getLogger("ninfer_jax.model")
 
-_VISION = re.compile(r"^(model\.)?(visual|vision_tower|model\.visual)\.")
+# A vision tower tensor (prefix-stripped name): read by multimodal.load_vision, never here.
+VISION_NAME = re.compile(r"^(model\.)?(visual|vision_tower|model\.visual)\.")
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
 
 
@@ -365,10 +367,11 @@ def _regroup_next(cfg: ModelConfig) -> tuple[Callable, ...]:
     return qkv, z, ba("b"), ba("a")
 
 
-def load_params(folder: str, cfg: ModelConfig, dtype,
-                progress: Callable[[ShardProgress], None] | None = None) -> tuple[dict, dict | None]:
+def load_params(folder: str, cfg: ModelConfig, dtype, progress: Callable[[ShardProgress], None] | None = None,
+                *, vision: bool = False) -> tuple[dict, dict | None]:
     """Read, check and convert every tensor. Returns (params as numpy arrays of `dtype`, mtp).
-    `progress` is called once per shard, as each one is finished."""
+    `progress` is called once per shard, as each one is finished. Vision tensors are skipped,
+    with a warning unless `vision` (the caller loads them: `multimodal.load_vision`)."""
     tensors = Tensors(folder)
     names = tensors.names()
     sources = _sources(cfg, names)
@@ -383,9 +386,9 @@ def load_params(folder: str, cfg: ModelConfig, dtype,
     used = set(reads)
     if cfg.tie_word_embeddings and "lm_head.weight" in names:
         used.add("lm_head.weight")  # some tied checkpoints still store the copy
-    vision = sorted(n for n in names - used if _VISION.match(n))
+    vision_names = sorted(n for n in names - used if VISION_NAME.match(n))
     mtp_names = sorted(n for n in names - used if n.startswith("mtp."))
-    unexpected = sorted(names - used - set(vision) - set(mtp_names))
+    unexpected = sorted(names - used - set(vision_names) - set(mtp_names))
     mtp_load, mtp_warning = _mtp_plan(cfg, mtp_names)
     tracker = None
     if progress is not None:
@@ -427,9 +430,9 @@ def load_params(folder: str, cfg: ModelConfig, dtype,
     params["layers"] = [{k: layer[k] for k in shp} for layer, shp in zip(params["layers"], shapes["layers"])]
     params = {k: params[k] for k in shapes}
 
-    if vision:
-        log.warning("ignoring %d vision tensors (%s, ...): vision input is not supported yet",
-                    len(vision), vision[0])
+    if vision_names and not vision:
+        log.warning("ignoring %d vision tensors (%s, ...): the config declares no vision tower",
+                    len(vision_names), vision_names[0])
     if missing or unexpected or misshapen:
         raise CheckpointError(f"checkpoint {folder!r} does not match its config ({cfg.model_type})",
                               missing=[m for _, m in sorted(missing, key=lambda x: x[0])], unexpected=unexpected,
