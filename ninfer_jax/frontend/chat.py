@@ -4,7 +4,9 @@
 over a `ResponsesStore`) and `prepare_prompt` (raw text or token ids) all return a
 `RenderedPrompt`: token ids, the typed rewrite points and the chosen input recovery position
 (REC-3..8), `rewrite_execution_frontiers` kept apart, resolved cache markers (SH-2..7), and for
-every frontier its `FrontierIdentity` (CKP-1, CKP-4).
+every frontier its `FrontierIdentity` (CKP-1, CKP-4). With image or video parts, every item is
+checked, read (under the `MediaPolicy`) and prepared before the template renders; the prompt
+then carries the prepared items and their `MediaRange`s (frontend/media_prompt.py).
 """
 from __future__ import annotations
 
@@ -12,16 +14,19 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from .errors import InputTooLongError, MalformedInputError, TemplateError
-from .identity import DigestChain, FrontierIdentity
+from .identity import DigestChain, FrontierIdentity, MediaRange
 from .markers import (MarkerPlan, MarkerPolicy, MarkerSpec, RejectedMarker, ResolvedMarker, automatic_candidates,
                       normalize_specs, parse_marker, resolve_markers)
-from .messages import iter_texts, normalize_messages
+from .media import PreparedImage, ProcessorSettings
+from .media_prompt import MediaLayout
+from .media_sources import MediaPolicy
+from .messages import Conversation, iter_texts, normalize_messages
 from .provenance import Provenance
 from .rendering import Rendering
 from .responses import ResponsesStore, input_items, items_to_messages, strip_cache_control
 from .rewrite import RecoveryKind, RecoveryPosition, TypedRewritePoint, plan_rewrite
 from .sandbox import DEFAULT_MAX_OUTPUT_CHARS, ChatTemplate
-from .tokenizer import Tokenizer
+from .tokenizer import BUILTIN_NAME, Tokenizer
 
 _RESERVED_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "pad_token"})
 
@@ -45,13 +50,16 @@ class RenderedPrompt:
     provenance: Provenance | None = field(default=None, repr=False)
     notes: tuple[str, ...] = field(default=(), repr=False)
     chain: DigestChain | None = field(default=None, repr=False, compare=False)
+    # images and videos in prompt order, and the tokens each stands for (parallel tuples)
+    media: tuple[PreparedImage, ...] = field(default=(), repr=False, compare=False)
+    media_ranges: tuple[MediaRange, ...] = ()
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.token_ids)
 
     def identity(self, frontier: int) -> FrontierIdentity:
-        chain = self.chain if self.chain is not None else DigestChain(self.token_ids)
+        chain = self.chain if self.chain is not None else DigestChain(self.token_ids, self.media_ranges)
         return chain.identity(frontier)
 
     @property
@@ -72,12 +80,21 @@ class ResponsesPrompt:
 class ChatFrontend:
     def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None, *,
                  max_input_tokens: int | None = None, max_input_chars: int | None = None,
-                 max_template_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS):
+                 max_template_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+                 media_policy: MediaPolicy | None = None, image_settings: ProcessorSettings | None = None,
+                 video_settings: ProcessorSettings | None = None, media_folder: str | None = None):
+        """`media_policy` says where media may come from (default: data URLs and bytes only);
+        the processor settings default to `media_folder`'s preprocessor configs, read on the
+        first media request, else to the released Qwen3.5 values."""
         self.tokenizer = tokenizer
         source = chat_template if chat_template is not None else tokenizer.chat_template
         self.template = None if source is None else ChatTemplate(source, max_output_chars=max_template_output_chars)
         self.max_input_tokens = max_input_tokens
         self.max_input_chars = max_input_chars
+        self.media_policy = media_policy or MediaPolicy()
+        self._image_settings = image_settings
+        self._video_settings = video_settings
+        self._media_folder = media_folder
 
     @classmethod
     def builtin(cls, **limits: Any) -> "ChatFrontend":
@@ -86,7 +103,23 @@ class ChatFrontend:
     @classmethod
     def load(cls, model: str, **limits: Any) -> "ChatFrontend":
         """`builtin:tiny-hybrid` or a model / tokenizer folder."""
+        if str(model) != BUILTIN_NAME:
+            limits.setdefault("media_folder", str(model))
         return cls(Tokenizer.load(model), **limits)
+
+    def _media_layout(self, conv: Conversation) -> MediaLayout | None:
+        """Check, read and prepare the request's media before anything renders (None: none)."""
+        if not conv.media:
+            return None
+        if self._image_settings is None or self._video_settings is None:
+            folder = self._media_folder
+            if self._image_settings is None:
+                self._image_settings = (ProcessorSettings.from_folder(folder) if folder else ProcessorSettings())
+            if self._video_settings is None:
+                self._video_settings = (ProcessorSettings.from_folder(folder, video=True) if folder
+                                        else ProcessorSettings.video_defaults())
+        return MediaLayout.prepare(conv.media, self.tokenizer, self.media_policy, self._image_settings,
+                                   self._video_settings)
 
     # --- limits (CFG-1, CFG-7) ---------------------------------------------------------------
     def _check_chars(self, n: int) -> None:
@@ -116,10 +149,11 @@ class ChatFrontend:
         caller = [parse_marker(m) for m in (cache_markers or ())]
         parts = conv.content_parts()
         explicit = normalize_specs(list(conv.markers) + caller, len(conv.messages), len(conv.tools), parts)
+        layout = self._media_layout(conv)
         rendering = Rendering(self.tokenizer, self.template, conv.messages, conv.tools,
                               add_generation_prompt=add_generation_prompt, template_kwargs=kwargs,
                               check_text=lambda text: self._check_chars(len(text)),
-                              check_tokens=self._check_tokens)
+                              check_tokens=self._check_tokens, media=layout)
         plan = plan_rewrite(rendering)
         auto = automatic_candidates(policy, conv.messages, len(conv.tools))
         marker_plan: MarkerPlan = resolve_markers(rendering, explicit, auto)
@@ -139,6 +173,8 @@ class ChatFrontend:
             provenance=rendering.provenance,
             notes=plan.notes,
             chain=rendering.chain,
+            media=() if rendering.expansion is None else tuple(m.prepared for m in rendering.expansion.media),
+            media_ranges=rendering.media_ranges,
         )
 
     # --- Responses (SH-5) --------------------------------------------------------------------

@@ -27,7 +27,8 @@ class MalformedToolCallError(MalformedInputError):
 
 
 class UnsupportedContentError(MalformedInputError):
-    """A content part the text-only frontend cannot serialise (images, audio, files ...)."""
+    """A content part the frontend cannot serialise (audio, files ...), or an image or video for a
+    model without vision tokens (`MediaNotSupportedError`)."""
 
 
 class MarkerError(MalformedInputError):
@@ -96,3 +97,43 @@ class TooManyFramesError(MediaError):
         super().__init__(message)
         self.frames = frames
         self.limit = limit
+
+
+class MediaSourceError(MediaError):
+    """A media source the policy refuses or that does not parse (frontend/media_sources.py): a
+    bad `data:` URL, a `file://` URL outside the allowed folder (or with none configured), an
+    http(s) URL without permission, an unknown scheme."""
+
+    code = "media_source"
+
+
+class MediaTooLargeError(MediaSourceError):
+    """A media source over the policy's `max_bytes`, found before it is read whole."""
+
+    code = "media_too_large"
+
+    def __init__(self, message: str, *, size: int, limit: int):
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class RemoteMediaUnavailableError(MediaSourceError):
+    """An http(s) media URL the policy allows, but fetching remote media is not available yet."""
+
+    code = "remote_media_unavailable"
+
+
+class MediaNotSupportedError(MediaError, UnsupportedContentError):
+    """Media given to a model whose tokenizer lacks the vision tokens (`<|vision_start|>`,
+    `<|image_pad|>`, ...): found before any media is read or the template renders."""
+
+    code = "media_not_supported"
+
+
+class MediaPlaceholderError(MediaError):
+    """The rendered prompt's media placeholders do not match the request's media: the template
+    dropped or repeated an item, a text part wrote a placeholder token, or a placeholder does not
+    follow `<|vision_start|>`."""
+
+    code = "media_placeholder"

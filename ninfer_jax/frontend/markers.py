@@ -147,6 +147,9 @@ def _locate(spec: MarkerSpec, rendering: "Rendering") -> tuple[int | None, str]:
     if isinstance(spec, MessageBoundary):
         char, why = rendering.message_end(spec.message)
     elif isinstance(spec, ContentBoundary):
+        end = rendering.media_end(spec.message, spec.part)
+        if end is not None:   # an image or video part ends where its tokens end
+            return end, ""
         char, why = rendering.provenance.end_of("content", spec.message, spec.part)
     else:
         char, why = rendering.provenance.end_of("tool", -1, spec.tool)
@@ -181,7 +184,9 @@ def automatic_candidates(policy: MarkerPolicy, messages: Sequence[Mapping[str, A
         if msg["role"] == "assistant" and msg.get("tool_calls"):
             chain.append(MessageBoundary(i))
         content = msg.get("content")
-        texts = [content] if isinstance(content, str) else [p["text"] for p in content or ()]
+        # a part with a boundary of its own: non-empty text, or an image or video
+        texts = [content] if isinstance(content, str) else [p.get("text") or p["type"] in ("image", "video")
+                                                             for p in content or ()]
         for part in range(len(texts) - 1, -1, -1):
             if texts[part]:  # an empty part has no boundary of its own
                 chain.append(ContentBoundary(i, part))

@@ -92,7 +92,7 @@ def trace(render: RenderFn, messages: Sequence[Mapping[str, Any]], tools: Sequen
                 m["content"] = _sentinel(sid)
         elif content is not None:
             for j, part in enumerate(content):
-                if part["text"]:
+                if part.get("text"):  # an image or video part has no text: the template's own
                     sid = len(sources)
                     sources[sid] = (KIND_CONTENT, i, j, part["text"])
                     part["text"] = _sentinel(sid)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .errors import TemplateError
+from .errors import MediaError, TemplateError
 from .identity import FrontierIdentity
 from .messages import iter_texts
 from .provenance import KIND_CONTENT
@@ -95,7 +95,11 @@ def _probe(r: Rendering, notes: list[str]) -> tuple[str, tuple[int, ...]] | None
     except TemplateError as exc:
         notes.append(f"next-user probe does not render: {exc}")
         return None
-    return text, tuple(r.tokenizer.encode(text))
+    try:
+        return text, r.encode(text)
+    except MediaError as exc:
+        notes.append(f"next-user probe's media placeholders differ: {exc}")
+        return None
 
 
 def _kept_by_probe(r: Rendering, point: TypedRewritePoint, probe: tuple[str, tuple[int, ...]]) -> bool:
@@ -128,6 +132,8 @@ def _content_boundary(r: Rendering, point: TypedRewritePoint) -> tuple[int | Non
     frontier = r.exact_frontier(c)
     if frontier is None:
         return None, "C is not an exact token frontier"
+    if any(m.end > frontier and m.start < point.frontier for m in r.media_ranges):
+        return None, "C→R holds an image or video, not only template closing"
     if frontier >= point.frontier:
         return None, "C and R are the same token frontier"
     return frontier, ""
