@@ -252,6 +252,9 @@ class Engine:
         """Queue a prompt the chat frontend rendered (`render_chat`, `render_responses(...).prompt`):
         it saves at the frontiers the rendering chose; `anchors`, a rendering of the same
         conversation with the anchors as its only markers, adds those as private anchors."""
+        if getattr(rendered, "media", ()):  # placeholders run as text would be a fluent wrong answer
+            raise RequestError("image and video input is not served by the engine yet (issue 34): "
+                               "the rendered prompt holds media")
         saves = saves_of(rendered)
         if anchors is not None:
             saves += [SavePoint(m.frontier, PointKind.ANCHOR) for m in anchors.markers]

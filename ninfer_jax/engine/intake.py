@@ -63,8 +63,10 @@ def chat_frontend(tokenizer, config: EngineConfig):
     if tokenizer is None:
         raise RequestError(f"{config.model} ships no tokenizer: chat needs one")
     from ninfer_jax.frontend import ChatFrontend
+    from ninfer_jax.frontend.media_sources import MediaPolicy
 
-    return ChatFrontend(tokenizer, max_input_tokens=config.max_context - 1)
+    # The engine's steps do not take media yet (issue 34): refused before any media is read.
+    return ChatFrontend(tokenizer, max_input_tokens=config.max_context - 1, media_policy=MediaPolicy(enabled=False))
 
 
 # ---- the core's inbox: posted from any thread, drained by the engine thread ---------------

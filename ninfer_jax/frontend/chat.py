@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .errors import InputTooLongError, MalformedInputError, TemplateError
+from .errors import InputTooLongError, MalformedInputError, MediaNotSupportedError, TemplateError
 from .identity import DigestChain, FrontierIdentity, MediaRange
 from .markers import (MarkerPlan, MarkerPolicy, MarkerSpec, RejectedMarker, ResolvedMarker, automatic_candidates,
                       normalize_specs, parse_marker, resolve_markers)
@@ -111,6 +111,9 @@ class ChatFrontend:
         """Check, read and prepare the request's media before anything renders (None: none)."""
         if not conv.media:
             return None
+        if not self.media_policy.enabled:
+            raise MediaNotSupportedError("image and video input is not served here yet: the engine runs text "
+                                         "prompts only (the vision tower runs in Model.forward; issue 34)")
         if self._image_settings is None or self._video_settings is None:
             folder = self._media_folder
             if self._image_settings is None:

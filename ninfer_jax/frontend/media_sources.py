@@ -61,13 +61,16 @@ class MediaPolicy:
     `allow_remote_urls`: whether http(s) URLs are accepted at all (fetching is not available yet);
     `max_bytes`: the most bytes one source (an image, a video frame) may hold;
     `max_input_pixels`: the most pixels of one image or frame, read from its header;
-    `max_input_frames`: the most frames of one video (None: the processor's `max_frames`)."""
+    `max_input_frames`: the most frames of one video (None: the processor's `max_frames`);
+    `enabled`: False where whoever serves the rendered prompt cannot run media (the engine, until
+    its steps take them: issue 34), so media is refused before any of it is read."""
 
     allowed_local_media_path: str | None = None
     allow_remote_urls: bool = False
     max_bytes: int = DEFAULT_MAX_BYTES
     max_input_pixels: int = MAX_INPUT_PIXELS
     max_input_frames: int | None = None
+    enabled: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_input_pixels", "max_input_frames"):
