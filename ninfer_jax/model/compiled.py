@@ -1,6 +1,10 @@
 """The jitted steps of one model: one table of what each step donates (`jit_step`, shared
 with `ninfer lower`), and `CompiledSteps`, which compiles each shape bucket once and says so.
 
+`prefill` and `decode` with media inputs (`embeds`/`embed_rows`/`rope`, `media_inputs.py`) run
+their own executables ("prefill_media", "decode_media": the step with those inputs positional);
+a text call runs the text executable, exactly as without media support.
+
 Every step (`steps.py`, and the speculative ones in `spec_steps.py` over `mtp_steps.py`)
 updates its pools in place: the pools are donated, and tests/model/test_in_place.py reads each
 compiled step for a whole-pool copy or convert.
@@ -20,22 +24,42 @@ from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model import spec_steps
 from ninfer_jax.model.model import Model
 from ninfer_jax.model.mtp_steps import MTPSteps
-from ninfer_jax.model.pools import StepArgumentError, check_decode_args, check_prefill_args
+from ninfer_jax.model.pools import (
+    StepArgumentError,
+    check_arg,
+    check_decode_args,
+    check_prefill_args,
+    check_prefill_media,
+)
 from ninfer_jax.model.steps import decode_step, prefill_chunk
 
 
 # The pools each step donates (argument positions after the params' leaves at 0): what the
 # engine's CompiledSteps and `ninfer lower` both jit, from this one table.
 _DONATED = {"prefill": (1, 2), "decode": (1, 2), "prefill_spec": (1, 2, 3), "spec_decode": (1, 3),
-            "spec_commit": (1, 2)}
+            "spec_commit": (1, 2), "prefill_media": (1, 2), "decode_media": (1, 2)}
+
+
+def prefill_media(params, kv, state, tokens, start_pos, lengths, page_table, slots, embeds, embed_rows, rope,
+                  **kw):
+    """`prefill_chunk` with its media inputs positional (a compiled executable takes no keywords)."""
+    return prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slots, embeds=embeds,
+                         embed_rows=embed_rows, rope=rope, **kw)
+
+
+def decode_media(params, kv, state, tokens, positions, page_table, slots, rope, **kw):
+    """`decode_step` with its rotary positions `rope` positional."""
+    return decode_step(params, kv, state, tokens, positions, page_table, slots, rope=rope, **kw)
 
 
 def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = None):
     """The jitted step `kind` (prefill, decode, prefill_spec, spec_decode with `k` drafts,
-    spec_commit) of a model split into `merger` and leaves, its pools donated (_DONATED)."""
+    spec_commit, prefill_media, decode_media) of a model split into `merger` and leaves, its
+    pools donated (_DONATED)."""
     fn = {"prefill": prefill_chunk, "decode": decode_step, "prefill_spec": spec_steps.prefill_spec,
-          "spec_decode": functools.partial(spec_steps.spec_decode, k=k), "spec_commit": spec_steps.spec_commit}[kind]
-    static = ("all_logits",) if kind == "prefill" else ()
+          "spec_decode": functools.partial(spec_steps.spec_decode, k=k), "spec_commit": spec_steps.spec_commit,
+          "prefill_media": prefill_media, "decode_media": decode_media}[kind]
+    static = ("all_logits",) if kind in ("prefill", "prefill_media") else ()
     return jax.jit(functools.partial(fn, cfg=cfg, backend=backend, merger=merger), static_argnames=static,
                    donate_argnums=_DONATED[kind])
 
@@ -69,6 +93,7 @@ class CompiledSteps:
         merger, _ = model.functional
         self._prefill = jit_step("prefill", model.config, backend, merger)
         self._decode = jit_step("decode", model.config, backend, merger)
+        self._media: dict[str, object] = {}  # the media variants, jitted at their first call
 
     def bind_pools(self, kv, state) -> None:
         """Declare the pools these steps will run on. Buckets are keyed by the per-call shapes
@@ -109,13 +134,44 @@ class CompiledSteps:
                                         "for (another capacity?): build new CompiledSteps for them") from None
             raise
 
-    def prefill(self, kv, state, tokens, start_pos, lengths, page_table, slots, *, all_logits=False):
-        args = (self.model.functional[1], kv, state, tokens, start_pos, lengths, page_table, slots)
-        return self._run("prefill", self._prefill, args, {"all_logits": all_logits}, check_prefill_args)
+    def _media_step(self, kind: str):
+        if kind not in self._media:
+            self._media[kind] = jit_step(kind, self.model.config, self.backend, self.model.functional[0])
+        return self._media[kind]
 
-    def decode(self, kv, state, tokens, positions, page_table, slots):
+    def prefill(self, kv, state, tokens, start_pos, lengths, page_table, slots, *, all_logits=False,
+                embeds=None, embed_rows=None, rope=None):
+        """One ragged chunk (`steps.prefill_chunk`). With media, all three of `embeds` `[R, T, H]`,
+        `embed_rows` `[R, T]` bool and `rope` `[3, R, T]` (a text row of the chunk: its rows
+        False, its rope `start_pos + t` on each axis; `media_inputs.py`): one media executable per
+        bucket, apart from the text one."""
+        args = (self.model.functional[1], kv, state, tokens, start_pos, lengths, page_table, slots)
+        media = (embeds, embed_rows, rope)
+        if all(a is None for a in media):
+            return self._run("prefill", self._prefill, args, {"all_logits": all_logits}, check_prefill_args)
+        if any(a is None for a in media):
+            missing = [n for n, a in zip(("embeds", "embed_rows", "rope"), media) if a is None]
+            raise StepArgumentError(f"prefill with media takes embeds, embed_rows and rope together; missing {missing}")
+
+        def check(kv, state, tokens, start, lengths, table, slots, embeds, embed_rows, rope, cfg):
+            check_prefill_args(kv, state, tokens, start, lengths, table, slots, cfg)
+            check_prefill_media(tokens, embeds, embed_rows, rope, cfg)
+
+        return self._run("prefill_media", self._media_step("prefill_media"), args + media,
+                         {"all_logits": all_logits}, check)
+
+    def decode(self, kv, state, tokens, positions, page_table, slots, *, rope=None):
+        """One token per row (`steps.decode_step`); `rope` `[B]`: the rows' rotary positions
+        (media, its own executable per bucket), None: `positions`."""
         args = (self.model.functional[1], kv, state, tokens, positions, page_table, slots)
-        return self._run("decode", self._decode, args, {}, check_decode_args)
+        if rope is None:
+            return self._run("decode", self._decode, args, {}, check_decode_args)
+
+        def check(kv, state, tokens, positions, table, slots, rope, cfg):
+            check_decode_args(kv, state, tokens, positions, table, slots, cfg)
+            check_arg("decode_step", "rope", rope, tuple(tokens.shape), int)
+
+        return self._run("decode_media", self._media_step("decode_media"), args + (rope,), {}, check)
 
     # ---- speculative decoding (spec_steps.py) ----------------------------------------------
     def enable_speculative(self, k: int) -> None:

@@ -10,8 +10,8 @@ A StateImage is one slot index across all of these (all-or-nothing, G-2). On the
 bfloat16 pool is stored packed (uint16 bits, pallas_kernels._common.PACKED): its rows are read
 and written through page_copy / paged_attention, which unpack and pack them.
 
-The checks (`check_prefill_args`, `check_decode_args`, `check_pools`) read only static shapes
-and dtypes: a misshapen argument raises `StepArgumentError` naming it, once per trace.
+The checks (`check_prefill_args`, `check_decode_args`, `check_prefill_media`, `check_pools`) read
+only static shapes and dtypes: a misshapen argument raises `StepArgumentError` naming it, once per trace.
 """
 from __future__ import annotations
 
@@ -146,3 +146,20 @@ def check_decode_args(kv, state, tokens, positions, page_table, slots, cfg: Mode
         check_arg(where, name, x, (b,), int)
     check_arg(where, "page_table", page_table, (b, None), int)
     check_pools(kv, state, cfg, where)
+
+
+def check_prefill_media(tokens, embeds, embed_rows, rope, cfg: ModelConfig, where: str = "prefill_chunk") -> None:
+    """A chunk's media inputs (each None for text): `embeds` `[R, T, hidden]` floating with
+    `embed_rows` `[R, T]` bool (both or neither), `rope` `[3, R, T]` int on an M-RoPE model."""
+    r, t = tokens.shape
+    if (embeds is None) != (embed_rows is None):
+        raise StepArgumentError(f"{where}: 'embeds' and 'embed_rows' go together (got only "
+                                f"{'embeds' if embed_rows is None else 'embed_rows'})")
+    if embeds is not None:
+        check_arg(where, "embeds", embeds, (r, t, cfg.hidden_size), float)
+        check_arg(where, "embed_rows", embed_rows, (r, t), bool)
+    if rope is not None:
+        if cfg.mrope_section is None:
+            raise StepArgumentError(f"argument 'rope' of {where}: M-RoPE positions need a model with "
+                                    "rope_parameters.mrope_section")
+        check_arg(where, "rope", rope, (3, r, t), int)

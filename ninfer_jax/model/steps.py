@@ -2,7 +2,11 @@
 
 `prefill_chunk` runs a ragged chunk: R rows, each continuing its own request from its own
 frontier `start_pos` with `lengths[r]` valid tokens (0 = padding row). `decode_step` runs one
-token for each of B rows. Rows address their KV through `page_table` and their state through
+token for each of B rows. The cache index of a token is its position in the request; by default
+it is also its rotary position. With media (multimodal.py) they differ: both steps then take a
+`rope` input (the rotary positions: M-RoPE triples in a chunk, `media_inputs.py`), and the
+prefill takes the vision tower's tokens in place of the placeholders' embeddings (`embeds`,
+`embed_rows`). Rows address their KV through `page_table` and their state through
 `slots`; a negative slot (padding) reads zeros and writes nothing. A row whose `start_pos` is 0
 starts from the zero state whatever its slot holds.
 
@@ -21,8 +25,10 @@ import jax.numpy as jnp
 
 from ninfer_jax.model.config import LINEAR, ModelConfig
 from ninfer_jax.model.pools import (
+    check_arg,
     check_decode_args,
     check_prefill_args,
+    check_prefill_media,
     read_state,
     set_layer,
     write_hidden_state,
@@ -47,11 +53,15 @@ def model_module(params, cfg: ModelConfig, merger: Merger | None) -> HybridLM:
 
 
 def paged_attention_chunk(layer, h, positions, k_pages, v_pages, page_table, start_pos, lengths,
-                          cfg: ModelConfig, backend: str):
-    """One gated-attention mixer over a ragged chunk: h `[R, T, H]` (normed), positions `[R, T]`.
-    Writes the chunk's K/V into the row's pages, then attends causally over them. Returns (out
-    `[R, T, H]`, k_pages, v_pages)."""
-    q, k, v, gate = layer.attention_project(h, positions)
+                          cfg: ModelConfig, backend: str, rope=None):
+    """One gated-attention mixer over a ragged chunk: h `[R, T, H]` (normed), positions `[R, T]`
+    (the rotary positions, unless `rope` `[3, R, T]` gives M-RoPE triples). Writes the chunk's
+    K/V into the row's pages, then attends causally over them. Returns (out `[R, T, H]`,
+    k_pages, v_pages)."""
+    if rope is None:
+        q, k, v, gate = layer.attention_project(h, positions)
+    else:
+        q, k, v, gate = layer.attention_project(h, rope, triples=True)
     k_pages, v_pages = paged_attention.write_kv(k_pages, v_pages, k, v, page_table, start_pos, lengths,
                                                 backend=backend)
     o = paged_attention.prefill_attention(q, k_pages, v_pages, page_table, start_pos, lengths,
@@ -60,18 +70,24 @@ def paged_attention_chunk(layer, h, positions, k_pages, v_pages, page_table, sta
 
 
 def main_attention_chunk(layer, h, positions, kv, attn: int, page_table, start_pos, lengths,
-                         cfg: ModelConfig, backend: str):
+                         cfg: ModelConfig, backend: str, rope=None):
     """`paged_attention_chunk` on Main KV's attention layer `attn`: returns (out, kv)."""
     h, k_pages, v_pages = paged_attention_chunk(layer, h, positions, kv["k"][attn], kv["v"][attn],
-                                                page_table, start_pos, lengths, cfg, backend)
+                                                page_table, start_pos, lengths, cfg, backend, rope)
     return h, set_layer(kv, attn, k_pages, v_pages)
 
 
 def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slots, *,
                   cfg: ModelConfig, backend: str = "xla", all_logits: bool = False,
-                  merger: Merger | None = None, with_final: bool = False, write_hidden: bool = True):
+                  merger: Merger | None = None, with_final: bool = False, write_hidden: bool = True,
+                  embeds=None, embed_rows=None, rope=None):
     """tokens `[R, T]`, start_pos/lengths/slots `[R]`, page_table `[R, P]`; `params` the
     model's split leaves with their `merger`, or the params dict (merger None).
+
+    Media (each None: as for text): `embeds` `[R, T, H]` replace the token embeddings where
+    `embed_rows` `[R, T]` (bool) is set (the tower's tokens in the placeholders); `rope`
+    `[3, R, T]` int are the attention layers' M-RoPE positions (the cache index stays
+    `start_pos + t`).
 
     Returns (logits, hidden, kv, state): logits `[R, V]` at each row's last valid token (or
     `[R, T, V]` with all_logits), hidden `[R, H]` the continuation hidden of that token; with
@@ -80,6 +96,7 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
     caller (`write_hidden_state`).
     """
     check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg)
+    check_prefill_media(tokens, embeds, embed_rows, rope, cfg)
     lm = model_module(params, cfg, merger)
     r, t = tokens.shape
     valid = jnp.arange(t)[None, :] < lengths[:, None]  # [R, T]
@@ -87,6 +104,8 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
     fresh = start_pos == 0
     positions = start_pos[:, None] + jnp.arange(t)[None, :]
     x = lm.embed_tokens(tokens)
+    if embeds is not None:
+        x = jnp.where(embed_rows[..., None], embeds.astype(x.dtype), x)
     lin = attn = 0
     for layer in lm.layers:
         h = layer.mixer_norm(x)
@@ -106,7 +125,8 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
             state = write_state(state, lin, writes, conv_state, rec_state, backend)
             lin += 1
         else:
-            h, kv = main_attention_chunk(layer, h, positions, kv, attn, page_table, start_pos, lengths, cfg, backend)
+            h, kv = main_attention_chunk(layer, h, positions, kv, attn, page_table, start_pos, lengths, cfg, backend,
+                                         rope)
             attn += 1
         x = layer.feed_forward(x + h, valid)  # padding tokens run no expert
     final = lm.final_norm(x)  # [R, T, H]
@@ -120,13 +140,17 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
 
 
 def decode_step(params, kv, state, tokens, positions, page_table, slots, *,
-                cfg: ModelConfig, backend: str = "xla", merger: Merger | None = None):
+                cfg: ModelConfig, backend: str = "xla", merger: Merger | None = None, rope=None):
     """tokens/positions/slots `[B]`, page_table `[B, P]`; a row with a negative slot is padding.
-    `params` as for `prefill_chunk`.
+    `params` as for `prefill_chunk`. `rope` `[B]` int: the rotary positions where they are not
+    `positions` (a request after media: its cache position plus its delta, `media_inputs.py`);
+    a decoded token is text, so its three M-RoPE axes are equal and one position is exact.
 
     Returns (logits `[B, V]`, hidden `[B, H]`, kv, state).
     """
     check_decode_args(kv, state, tokens, positions, page_table, slots, cfg)
+    if rope is not None:
+        check_arg("decode_step", "rope", rope, tuple(tokens.shape), int)
     lm = model_module(params, cfg, merger)
     active = slots >= 0
     fresh = positions == 0
@@ -144,7 +168,7 @@ def decode_step(params, kv, state, tokens, positions, page_table, slots, *,
             state = write_state(state, lin, slots, conv_state, rec_state, backend)
             lin += 1
         else:
-            q, k, v, gate = layer.attention_project(h, positions)
+            q, k, v, gate = layer.attention_project(h, positions if rope is None else rope)
             k_pages, v_pages = paged_attention.write_kv(
                 kv["k"][attn], kv["v"][attn], k[:, None], v[:, None], page_table, positions,
                 active.astype(jnp.int32), backend=backend)

@@ -1,5 +1,6 @@
 """Every compiled step updates the pools in place: no copy of a whole pool leaf in its optimized
-HLO, at every bucket (the smallest included) and for the speculative steps and the pools' byte movers.
+HLO, at every bucket (the smallest included) and for the speculative steps, the media variants
+(prefill_media, decode_media) and the pools' byte movers.
 
 Donation alone does not show this (the outputs alias the donated inputs even when XLA copies
 the pool inside the step first), so the compiled text itself is read (hlo_audit.pool_copies).
@@ -9,6 +10,7 @@ mover's power-of-two bucket of units included — has a pool leaf's size.
 import jax
 import pytest
 
+from ledger import MAIN_KV, STATE_POOL
 from ninfer_jax.config import ContextCacheConfig, EngineConfig
 from ninfer_jax.model.hlo_audit import pool_converts, pool_copies
 from ninfer_jax.program.calibrate import CostRates
@@ -59,6 +61,40 @@ def test_every_builtin_step_updates_its_pools_in_place(builtin_model, spec):
     assert expected <= kinds, kinds
     decode = "spec_decode" if spec else "decode"
     assert sum(name.startswith(decode + "(") for name in found) == len(program.decode_buckets) == 2, found  # buckets 2 and 4
+    copies = {name: c for name, c in found.items() if c}
+    assert not copies, f"steps copying a whole pool leaf: {copies}"
+
+
+def test_media_steps_update_their_pools_in_place(builtin_model):
+    """The media variants (`CompiledSteps.prefill` with embeds / embed_rows / rope, `decode`
+    with rope: their own executables) at every bucket the warm-up compiled, on the built-in
+    model given an M-RoPE section."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    cfg = builtin_model.config
+    third = cfg.rotary_dim // 6
+    model = dataclasses.replace(builtin_model, config=dataclasses.replace(
+        cfg, mrope_section=(cfg.rotary_dim // 2 - 2 * third, third, third), mrope_interleaved=True))
+    program = _warm(model, "builtin:tiny-hybrid", 4)
+    steps = program.steps
+    kv, state = (jax.tree.map(jnp.zeros_like, program.stores.pools[k].tree) for k in (MAIN_KV, STATE_POOL))
+    for bucket in [b for b in steps._executables if b[0] in ("prefill", "decode")]:
+        if bucket[0] == "prefill":  # ("prefill", tokens, start, lengths, table, slots, static...)
+            args = [np.zeros(s, np.int32) for s in bucket[1:6]]
+            r, t = bucket[1]
+            media = dict(embeds=np.zeros((r, t, cfg.hidden_size), np.float32), embed_rows=np.zeros((r, t), bool),
+                         rope=np.zeros((3, r, t), np.int32))
+            _, _, kv, state = steps.prefill(kv, state, *args, **dict(bucket[6:]), **media)
+        else:  # ("decode", tokens, positions, table, slots)
+            args = [np.zeros(s, np.int32) for s in bucket[1:5]]
+            _, _, kv, state = steps.decode(kv, state, *args, rope=args[1])
+    found = _audit(program)
+    kinds = {name.split("(")[0] for name in found}
+    assert {"prefill_media", "decode_media"} <= kinds, kinds
+    assert sum(name.startswith("decode_media(") for name in found) == len(program.decode_buckets), found
     copies = {name: c for name, c in found.items() if c}
     assert not copies, f"steps copying a whole pool leaf: {copies}"
 
