@@ -75,7 +75,8 @@ def _decode(steps, kv, state, token, position, rope=None):
     return np.asarray(logits[0]), kv, state
 
 
-@pytest.mark.parametrize("case,chunk", [("image", 8), ("image", 5), ("image_and_video", 8), ("image_and_video", 5)])
+# Both chunk widths cut through a placeholder run; each case runs one (a width is a compilation).
+@pytest.mark.parametrize("case,chunk", [("image", 5), ("image_and_video", 8)])
 def test_chunked_prefill_and_decode_equal_forward(vl, case, chunk):
     kind, model, steps = vl
     ids, images, videos = _case(case)
