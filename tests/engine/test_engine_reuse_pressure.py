@@ -24,6 +24,17 @@ class _CheckedEngine:
         return getattr(self._engine, name)
 
 
+
+def _cold_replay(model, trace, *, max_context: int, concurrency: int, **config):
+    """The trace on a cold engine (the cache off): the outputs every hot run must equal."""
+    from ninfer_jax import Engine
+    from ninfer_jax.program.program import Program
+
+    cfg = EngineConfig(max_context=max_context, max_concurrency=concurrency, progress=False,
+                       context_cache=ContextCacheConfig(host_capacity_bytes=1 << 20, enabled=False), **config)
+    return T.Replayer(Engine(cfg, program=Program(cfg, model=model), start=False), trace,
+                      concurrency=concurrency).run()
+
 def test_agent_trace_at_c4_under_pressure_equals_cold(tmp_path, tiny_model):
     from ninfer_jax import Engine
     from ninfer_jax.program.program import Program
@@ -35,10 +46,7 @@ def test_agent_trace_at_c4_under_pressure_equals_cold(tmp_path, tiny_model):
                        context_cache=ContextCacheConfig(device_state_slots=2, host_capacity_bytes=4 << 20))
     hot_engine = _CheckedEngine(Engine(cfg, program=Program(cfg, model=tiny_model), start=False))
     hot = T.Replayer(hot_engine, trace, concurrency=4).run()
-    cold_cfg = EngineConfig(max_context=1024, max_concurrency=4, progress=False,
-                            context_cache=ContextCacheConfig(host_capacity_bytes=1 << 20, enabled=False))
-    cold = T.Replayer(Engine(cold_cfg, program=Program(cold_cfg, model=tiny_model), start=False), trace,
-                      concurrency=4).run()
+    cold = _cold_replay(tiny_model, trace, max_context=1024, concurrency=4)
     stats = hot.stats
     assert stats["cached_tokens"] > 0 and stats["h2d_bytes"] > 0 and stats["d2h_bytes"] > 0
     assert T.outputs_differing(hot, cold) == 0
@@ -110,10 +118,7 @@ def test_bf16_packed_pools_under_pressure_equal_cold(tmp_path):
     assert program.stores.pools["main_kv"].tree["k"][0].dtype == PACKED
     hot_engine = _CheckedEngine(Engine(cfg, program=program, start=False))
     hot = T.Replayer(hot_engine, trace, concurrency=3).run()
-    cold_cfg = EngineConfig(max_context=768, max_concurrency=3, dtype="bfloat16", progress=False,
-                            context_cache=ContextCacheConfig(host_capacity_bytes=1 << 20, enabled=False))
-    cold = T.Replayer(Engine(cold_cfg, program=Program(cold_cfg, model=model), start=False), trace,
-                      concurrency=3).run()
+    cold = _cold_replay(model, trace, max_context=768, concurrency=3, dtype="bfloat16")
     stats = hot.stats
     assert stats["cached_tokens"] > 0 and stats["h2d_bytes"] > 0 and stats["d2h_bytes"] > 0
     assert T.outputs_differing(hot, cold) == 0

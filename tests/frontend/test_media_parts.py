@@ -206,8 +206,15 @@ def test_video_frames_expand_per_temporal_group(front, vision_tok):
     run = p.token_ids[r.start:r.end]
     vs, ve, pad = (vision_tok.token_to_id(s) for s in ("<|vision_start|>", "<|vision_end|>", "<|video_pad|>"))
     assert run.count(pad) == t * h * w // 4 and run.count(vs) == t and run.count(ve) == t
-    assert vision_tok.decode(run).startswith("<0.2 seconds><|vision_start|>")  # frames 0, 1 at 2 fps: (0 + 0.5) / 2
-    assert "<2.0 seconds>" in vision_tok.decode(run)  # frame 4 repeated to fill the last group
+    # The timestamps are the video's own media time, written into the prompt (not a clock): a
+    # temporal group of frames at `fps` is stamped at the mean of its frames' times; an odd
+    # count repeats the last frame to fill the last group.
+    fps, group = 2.0, ProcessorSettings.video_defaults().temporal_patch_size
+    index = list(range(len(frames))) + [len(frames) - 1] * (-len(frames) % group)
+    stamps = [f"<{sum(index[g * group:(g + 1) * group]) / group / fps:.1f} seconds>" for g in range(t)]
+    assert stamps[0] == "<0.2 seconds>" and stamps[-1] == "<2.0 seconds>"  # frame 4 repeated to fill the last group
+    text = vision_tok.decode(run)
+    assert text.startswith(stamps[0] + "<|vision_start|>") and all(s in text for s in stamps)
     assert p.token_ids[r.start - 1] == vs and p.token_ids[r.end] == ve  # the template's outer wrapper
 
 
