@@ -44,6 +44,16 @@ class InputIdentity(NamedTuple):
         return InputIdentity(self.tokens[:n], tuple(m for m in self.media if m[0] < n), self.position_scheme,
                              self.execution, self.blocks[: n // BLOCK])
 
+    def cut(self, n: int) -> "InputIdentity":
+        """The identity of [0, n) for a live sequence whose frontier lies inside a media range
+        (a prefill chunk may end there): the split item's range is clipped to n and marked
+        partial. No recovery point is ever inside media (SH-7), so this identity is a prefix of
+        none: it names a view that is released or replayed, never adopted (CKP-4)."""
+        if not any(s < n < e for s, e, _ in self.media):
+            return self.prefix(n)
+        media = tuple((s, min(e, n), d if e <= n else f"{d}#partial") for s, e, d in self.media if s < n)
+        return InputIdentity(self.tokens[:n], media, self.position_scheme, self.execution, self.blocks[: n // BLOCK])
+
     def is_prefix_of(self, other: "InputIdentity") -> bool:
         """CKP-4: the exact check adoption makes (tokens, positions, media, execution)."""
         n = len(self.tokens)
@@ -58,15 +68,15 @@ class InputIdentity(NamedTuple):
         return self.media == tuple(m for m in other.media if m[0] < n)
 
 
-def _chain(tokens: tuple, media: tuple) -> tuple:
+def _chain(tokens: tuple, media: tuple, prev: bytes = _ROOT, first: int = 0) -> tuple:
+    """The block digests of tokens [first, ...) (whole blocks), chained from `prev`."""
     out = []
-    prev = _ROOT
     n = len(tokens) - len(tokens) % BLOCK
-    data = memoryview(struct.pack(f"<{n}q", *tokens[:n]))  # packed once; each block hashes its slice
-    for lo in range(0, n, BLOCK):
+    data = memoryview(struct.pack(f"<{n - first}q", *tokens[first:n]))  # packed once; each block hashes its slice
+    for lo in range(first, n, BLOCK):
         hi = lo + BLOCK
         h = hashlib.blake2b(prev, digest_size=16)
-        h.update(data[lo * 8:hi * 8])
+        h.update(data[(lo - first) * 8:(hi - first) * 8])
         for s, e, d in media:
             if s < hi and e > lo:
                 h.update(repr((s, e, d)).encode())
@@ -94,17 +104,11 @@ def extend(ident: InputIdentity, more: Sequence[int]) -> InputIdentity:
     """The identity of `ident.tokens + more` reusing the full blocks already hashed."""
     toks = ident.tokens + tuple(more)
     full = len(ident.tokens) // BLOCK
-    if ident.media or full == 0:
+    if full == 0:
         return identity_of(toks, ident.media, ident.position_scheme, ident.execution)
-    # Re-chain from the last full block digest.
-    out = list(ident.blocks)
-    prev = out[-1]
-    for lo in range(full * BLOCK, len(toks) - BLOCK + 1, BLOCK):
-        h = hashlib.blake2b(prev, digest_size=16)
-        h.update(struct.pack(f"<{BLOCK}q", *toks[lo:lo + BLOCK]))
-        prev = h.digest()
-        out.append(prev)
-    return InputIdentity(toks, ident.media, ident.position_scheme, ident.execution, tuple(out))
+    # Re-chain from the last full block digest (its media ranges lie in the known tokens).
+    out = ident.blocks + _chain(toks, ident.media, ident.blocks[-1], full * BLOCK)
+    return InputIdentity(toks, ident.media, ident.position_scheme, ident.execution, out)
 
 
 def from_frontier_identity(fi, execution: str = "") -> InputIdentity:

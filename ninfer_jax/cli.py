@@ -25,8 +25,8 @@ from typing import Callable, Mapping, Sequence
 from absl import app, flags
 
 from ninfer_jax import bench, cli_help
-from ninfer_jax.cli_flags import (UsageError, chat_messages, engine_config_from_flags, prompt_arg, sampling,
-                                  stdin_turns)
+from ninfer_jax.cli_flags import (UsageError, chat_messages, engine_config_from_flags, image_files, prompt_arg,
+                                  sampling, stdin_turns)
 
 FLAGS = flags.FLAGS
 
@@ -205,21 +205,23 @@ def cmd_generate(args: list[str]) -> int:
         no_arguments("generate", args)
         sampling_params = sampling()
         prompt = prompt_arg()
+        images = image_files()
         from ninfer_jax.engine.preflight import preflight
 
         config = engine_config_from_flags()
-        preflight(config, prompt=prompt, sampling=sampling_params)
+        preflight(config, prompt=prompt, sampling=sampling_params, images=images)
         enable_compilation_cache()
     except usage_errors() as e:
         return refuse("generate", e)
     from ninfer_jax import Engine
     from ninfer_jax.errors import NInferError
+    from ninfer_jax.frontend.errors import FrontendError
 
     try:
         with Engine(config) as engine:
-            handle = engine.submit(prompt, sampling_params)
+            handle = engine.submit(prompt, sampling_params, images=images)
             return _stream_completion(engine, handle, "generate")
-    except NInferError as e:
+    except (NInferError, FrontendError) as e:
         return failed("generate", e)
 
 

@@ -21,6 +21,18 @@ flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"],
                   "Parameter and activation dtype; auto: the checkpoint's own.")
 flags.DEFINE_string("prompt", "Hello", "Prompt text.")
 flags.DEFINE_string("token_ids", None, "Comma-separated prompt token ids (instead of --prompt).")
+flags.DEFINE_multi_string("image", None, "generate/chat: an image file sent with the prompt (repeat for several); "
+                          "needs a checkpoint with a vision tower.")
+flags.DEFINE_integer("media_cache_bytes", None, "Engine: bytes of vision tower outputs kept for reuse (the media "
+                     "cache; default 256 MiB, 0: none), apart from the Host context capacity.")
+flags.DEFINE_string("allowed_local_media_path", None, "Engine: file:// image URLs are read only under this folder "
+                    "(default: no local files).")
+flags.DEFINE_bool("allow_media_urls", False, "Engine: accept http(s) image URLs (fetching them is not available "
+                  "yet: they are refused with that reason instead of as disallowed).")
+flags.DEFINE_integer("max_input_pixels", None, "Engine: the most pixels of one image or video frame (default "
+                     "8192 x 8192).")
+flags.DEFINE_integer("max_input_frames", None, "Engine: the most frames of one video (default: the checkpoint's "
+                     "video processor max_frames).")
 flags.DEFINE_integer("max_tokens", 32, "Tokens to generate.")
 flags.DEFINE_float("temperature", 0.0, "Sampling temperature in [0, 100]; 0 is greedy.")
 flags.DEFINE_integer("seed", 0, "Sampling seed in [0, 2**63).")
@@ -89,20 +101,33 @@ def engine_settings() -> dict:
             "chunk_size": FLAGS.chunk_size, "kv_capacity": FLAGS.kv_capacity, "pause_route": FLAGS.pause_route,
             "speculative_tokens": FLAGS.speculative_tokens, "device_state_slots": FLAGS.device_state_slots,
             "host_capacity_bytes": FLAGS.host_capacity_bytes, "device_memory_bytes": FLAGS.device_memory_bytes,
-            "device_memory_fraction": FLAGS.device_memory_fraction, "branch_points": FLAGS.branch_points}
+            "device_memory_fraction": FLAGS.device_memory_fraction, "branch_points": FLAGS.branch_points,
+            "media_cache_bytes": FLAGS.media_cache_bytes, "allowed_local_media_path": FLAGS.allowed_local_media_path,
+            "allow_media_urls": FLAGS.allow_media_urls or None, "max_input_pixels": FLAGS.max_input_pixels,
+            "max_input_frames": FLAGS.max_input_frames}
+
+
+MEDIA_SETTINGS = {"media_cache_bytes": "cache_bytes", "allowed_local_media_path": "allowed_local_media_path",
+                  "allow_media_urls": "allow_remote_urls", "max_input_pixels": "max_input_pixels",
+                  "max_input_frames": "max_input_frames"}  # engine setting -> MediaConfig field
+
+
+def engine_config(model: str, **settings):
+    """An EngineConfig of `engine_settings()`-style settings (None: the default)."""
+    from ninfer_jax import ContextCacheConfig, EngineConfig
+    from ninfer_jax.config import MediaConfig
+
+    given = {k: v for k, v in settings.items() if v is not None}
+    cache = ContextCacheConfig(**{k: given.pop(k) for k in ("device_state_slots", "host_capacity_bytes",
+                                                             "branch_points") if k in given})
+    media = MediaConfig(**{MEDIA_SETTINGS[k]: given.pop(k) for k in list(given) if k in MEDIA_SETTINGS})
+    return EngineConfig(model=model, context_cache=cache, media=media, **given)
 
 
 def engine_config_from_flags():
     """An EngineConfig from the engine flags; unset flags keep EngineConfig's defaults (ConfigError
     for a value out of range)."""
-    from ninfer_jax import ContextCacheConfig, EngineConfig
-
-    given = engine_settings()
-    branch = given.pop("branch_points")
-    cache = ContextCacheConfig(device_state_slots=given.pop("device_state_slots"),
-                               host_capacity_bytes=given.pop("host_capacity_bytes"),
-                               **({} if branch is None else {"branch_points": branch}))
-    return EngineConfig(model=FLAGS.model, context_cache=cache, **{k: v for k, v in given.items() if v is not None})
+    return engine_config(FLAGS.model, **engine_settings())
 
 
 def sampling_dict() -> dict:
@@ -147,11 +172,33 @@ def parse_messages(text: str | None, prompt: str) -> list[dict]:
 
 
 def chat_messages() -> list[dict]:
-    """The chat messages of --messages / --prompt (UsageError for ones that cannot be read)."""
+    """The chat messages of --messages / --prompt (UsageError for ones that cannot be read), with
+    the --image files as image parts of the last user message."""
     try:
-        return parse_messages(FLAGS.messages, FLAGS.prompt)
+        messages = parse_messages(FLAGS.messages, FLAGS.prompt)
     except (ValueError, OSError) as e:
         raise UsageError(str(e)) from None
+    images = image_files()
+    if images:
+        last = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
+        if last is None:
+            raise UsageError("--image: there is no user message to attach it to (give --prompt or --messages)")
+        content = last.get("content")
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+        last["content"] = parts + [{"type": "image", "image": data} for data in images]
+    return messages
+
+
+def image_files() -> list[bytes]:
+    """The bytes of each --image file, in order (UsageError for one that cannot be read)."""
+    out = []
+    for path in FLAGS.image or ():
+        try:
+            with open(path, "rb") as f:
+                out.append(f.read())
+        except OSError as e:
+            raise UsageError(f"--image {path}: {e.strerror or e}") from None
+    return out
 
 
 def stdin_turns():

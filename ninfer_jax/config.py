@@ -55,6 +55,45 @@ class ContextCacheConfig:
                               f"must be a non-negative int, got {self.host_capacity_bytes!r}")
 
 
+DEFAULT_MEDIA_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaConfig:
+    """Image and video input (issue 34): where media may come from, its limits, and the byte
+    budget of the engine's media cache (the tower's outputs, apart from the Host context
+    capacity; engine/media_cache.py). None limits: the frontend's defaults (frontend/media.py)."""
+
+    cache_bytes: int = DEFAULT_MEDIA_CACHE_BYTES
+    allowed_local_media_path: str | None = None  # file:// URLs only under this folder
+    allow_remote_urls: bool = False  # http(s) URLs; fetching them is not available yet
+    max_input_pixels: int | None = None  # per image or video frame, read from its header
+    max_input_frames: int | None = None  # per video (None: the video processor's max_frames)
+
+    def __post_init__(self):
+        _refuse_bools(self, "media.")
+        if not isinstance(self.cache_bytes, int) or self.cache_bytes < 0:
+            raise ConfigError("media.cache_bytes", f"must be a non-negative number of bytes, got {self.cache_bytes!r}")
+        for name in ("max_input_pixels", "max_input_frames"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ConfigError("media." + name, f"must be a positive int, got {v!r}")
+        if not isinstance(self.allow_remote_urls, bool):
+            raise ConfigError("media.allow_remote_urls", f"must be a bool, got {self.allow_remote_urls!r}")
+        p = self.allowed_local_media_path
+        if p is not None and (not isinstance(p, str) or not p):
+            raise ConfigError("media.allowed_local_media_path", f"must be a folder path, got {p!r}")
+
+    def policy(self, enabled: bool = True, why: str = ""):
+        """The frontend's `MediaPolicy` of these settings."""
+        from ninfer_jax.frontend.media_sources import MediaPolicy
+
+        limits = {k: getattr(self, k) for k in ("max_input_pixels",) if getattr(self, k) is not None}
+        return MediaPolicy(allowed_local_media_path=self.allowed_local_media_path,
+                           allow_remote_urls=self.allow_remote_urls, max_input_frames=self.max_input_frames,
+                           enabled=enabled, why=why, **limits)
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     model: str = "builtin:tiny-hybrid"
@@ -81,6 +120,7 @@ class EngineConfig:
     # Speculative decoding with the checkpoint's MTP head (issue 17): k drafts per decode row,
     # verified by the main model in one step (0: off, 1..4). Needs mtp_num_hidden_layers > 0.
     speculative_tokens: int = 0
+    media: MediaConfig = dataclasses.field(default_factory=MediaConfig)  # image and video input
 
     def __post_init__(self):
         _refuse_bools(self)
@@ -115,6 +155,8 @@ class EngineConfig:
             raise ConfigError("speculative_tokens", f"must be an int in [0, 4] (0: off), got {k!r}")
         if not isinstance(self.context_cache, ContextCacheConfig):
             raise ConfigError("context_cache", "must be a ContextCacheConfig")
+        if not isinstance(self.media, MediaConfig):
+            raise ConfigError("media", "must be a MediaConfig")
 
     @functools.cached_property
     def resolved_dtype(self) -> str:

@@ -65,15 +65,10 @@ def engine_factory(model: str, **settings: Any) -> Callable[[], Any]:
         return build_fake
 
     def build():
-        from ninfer_jax import Engine, EngineConfig
+        from ninfer_jax import Engine
+        from ninfer_jax.cli_flags import engine_config
 
-        cache_keys = ("device_state_slots", "host_capacity_bytes", "branch_points")
-        cache = {k: settings.pop(k) for k in cache_keys if k in settings}
-        if cache:
-            from ninfer_jax import ContextCacheConfig
-
-            settings["context_cache"] = ContextCacheConfig(**cache)
-        return Engine(EngineConfig(model=model, **settings))
+        return Engine(engine_config(model, **settings))
 
     return build
 

@@ -81,9 +81,25 @@ def _content_to_proto(msg: pb.ChatMessage, content: Any, where: str) -> None:
         if isinstance(part, str):
             part = {"type": "text", "text": part}
         part = validate.check_mapping(part, pw, "a part (text, or a mapping with type and text)")
-        msg.parts.add(type=validate.check_text(part.get("type"), f"{pw}.type") or "text",
-                      text=validate.check_text(part.get("text"), f"{pw}.text") or "",
-                      cache_control=part.get("cache_control") is not None)
+        kind = validate.check_text(part.get("type"), f"{pw}.type") or "text"
+        marker = part.get("cache_control") is not None
+        if kind in ("image", "image_url", "input_image"):  # bytes, or a data: / file:// URL
+            source = part.get("image", part.get("image_url"))
+            if isinstance(source, Mapping):
+                source = source.get("url")
+            if isinstance(source, (bytes, bytearray)):
+                msg.parts.add(type="image", data=bytes(source), cache_control=marker)
+            else:
+                msg.parts.add(type="image", url=validate.check_text(source, f"{pw}.image") or "", cache_control=marker)
+        elif kind == "video":
+            frames = validate.check_list(part.get("video"), f"{pw}.video", "frames (encoded images)")
+            if not all(isinstance(f, (bytes, bytearray)) for f in frames):
+                raise validate.ClientRequestError(f"{pw}.video", "frames must be encoded image bytes")
+            msg.parts.add(type="video", frames=[bytes(f) for f in frames], fps=float(part.get("fps") or 0),
+                          cache_control=marker)
+        else:
+            msg.parts.add(type=kind, text=validate.check_text(part.get("text"), f"{pw}.text") or "",
+                          cache_control=marker)
 
 
 def message_to_proto(m: Mapping[str, Any], index: int = 0) -> pb.ChatMessage:

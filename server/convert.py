@@ -77,13 +77,24 @@ def _json_object(text: str, where: str) -> dict:
     return value
 
 
+def _part_from_proto(p: pb.ContentPart) -> dict[str, Any]:
+    """A content part as the chat frontend reads it: text, an image (bytes or a URL), or a video
+    as its frames; the frontend checks the media (typed MediaErrors)."""
+    kind = p.type or "text"
+    if kind == "image":
+        return {"type": "image", "image": p.data if p.data else p.url}
+    if kind == "video":
+        return {"type": "video", "video": list(p.frames), **({"fps": p.fps} if p.fps > 0 else {})}
+    return {"type": kind, "text": p.text}
+
+
 def message_from_proto(m: pb.ChatMessage, limits: ServerLimits, index: int = 0) -> dict:
     out: dict[str, Any] = {"role": m.role}
     if m.parts:
         limits.check_count(len(m.parts), limits.max_parts, f"messages[{index}].parts")
         parts = []
         for p in m.parts:
-            part: dict[str, Any] = {"type": p.type or "text", "text": p.text}
+            part = _part_from_proto(p)
             if p.cache_control:
                 part["cache_control"] = _EPHEMERAL
             parts.append(part)

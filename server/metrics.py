@@ -46,6 +46,12 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...], tuple[tuple[tuple[str, ...], st
     ("spec_rejected_tokens", "Draft tokens not emitted (rejected, or after a rejection or a stop).", (),
      (((), "spec_rejected_tokens"),)),
     ("spec_verify_units", "Verify units run (one per decoding row and step).", (), (((), "spec_verify_units"),)),
+    ("vision_encodes", "Images and videos the vision tower encoded (each item, each time).", (),
+     (((), "vision_encodes"),)),
+    ("vision_reencodes", "Encodings of an item its request had encoded before (its output had left the media "
+     "cache; PAUSE-6).", (), (((), "vision_reencodes"),)),
+    ("media_cache_hits", "Prefill chunks that found an item's vision tower output in the media cache.", (),
+     (((), "media_cache_hits"),)),
 )
 GAUGES = (
     ("requests_running", "Requests holding a lane.", "residents"),
@@ -53,6 +59,7 @@ GAUGES = (
     ("requests_paused", "Paused requests.", "paused"),
     ("spec_mean_accepted_length", "Tokens emitted per Verify unit (1 + accepted drafts), since start.",
      "spec_mean_accepted_length"),
+    ("media_cache_bytes", "Bytes of vision tower outputs kept in the media cache.", "media_cache_bytes"),
 )
 HISTOGRAMS = (
     ("time_to_first_token_seconds", "Submission to first token.", "time_to_first_token_seconds"),

@@ -9,7 +9,12 @@ declared by every Program as a member with an explicit "not here" value —
                         speculative decoding (the engine then never calls the `Speculative` steps);
     step_seconds        the Program's own count of time inside its compiled steps; None when it
                         keeps none (the engine then times each call itself, `_compute`);
-    model               the loaded model; None for a Program without weights (the cost model).
+    model               the loaded model; None for a Program without weights (the cost model);
+    takes_media         whether its steps take images and videos (a vision tower, no speculative
+                        decoding); False: the engine refuses media at the boundary.
+
+A Program that `takes_media` prefills with the chunk's media inputs (`media=`, engine/media.py),
+decodes rows with their rotary position (`DecodeRow.rope`) and runs the tower (`encode_media`).
 
 A Program whose `speculative_tokens` is above 0 is also `Speculative`: its prefill takes the
 chunk's MTP pages, and `spec_decode` / `spec_commit` run and commit Verify units (issue 17).
@@ -47,6 +52,7 @@ class ProgramContract(Protocol):
     speculative_tokens: int
     step_seconds: float | None
     model: Any  # ninfer_jax.model.model.Model, or None
+    takes_media: bool
 
     # ---- the ledger and the stores -------------------------------------------------------
     stores: ProgramStores  # pools, Host arena, transfers (poll, copies_done, wait, ...)

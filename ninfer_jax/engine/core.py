@@ -48,6 +48,7 @@ from ninfer_jax.engine.detok import Detokenizer
 from ninfer_jax.engine.execution import Execution
 from ninfer_jax.engine.intake import Call, Cancel, Message, Submit, check_submission
 from ninfer_jax.engine.integrity import check_engine
+from ninfer_jax.engine.media_cache import MediaCache
 from ninfer_jax.engine.observe import COUNTERS, latency_histograms
 from ninfer_jax.engine.preempt import Preemption
 from ninfer_jax.engine.request import DECODE, FINISHED, PAUSED, PREFILL, QUEUED, Outbox, Request, RequestHandle
@@ -80,6 +81,8 @@ class EngineCore(UnitPlanning, Execution):
         self.reuse = ContextCache(program, self.counters, enabled=cache_cfg.enabled,
                                   execution=program.execution_tag, events=self)
         self.preempt = Preemption(program, self.reuse, self.counters)
+        # The tower's outputs by media identity, under their own byte budget (engine/media_cache.py)
+        self.media_cache = MediaCache(program.config.media.cache_bytes)
         self._last_turn = 0  # ticket of the last prefill turn (SCH-8 rotation)
         self.cycle_seconds = 0.0  # wall time in step(), for the overhead figure
         self.compute_seconds = 0.0  # wall time inside the Program's compiled steps (`_compute`)
@@ -91,7 +94,7 @@ class EngineCore(UnitPlanning, Execution):
     # ---- intake (any thread) ---------------------------------------------------------
     def make_request(self, prompt: Sequence[int], sp: SamplingParams, request_id: str | None,
                      cancel_fn, *, saves: Sequence[SavePoint] | None = None, splits: Sequence[int] = (),
-                     session=None, raw: bool = False) -> Request:
+                     session=None, raw: bool = False, media=None) -> Request:
         """Validate at the boundary (doctrine 3) and build the record; nothing is queued yet."""
         prompt = check_submission(prompt, self.program.vocab_size, self.max_context)
         vocab = self.program.vocab_size
@@ -114,7 +117,8 @@ class EngineCore(UnitPlanning, Execution):
                        max_context=self.max_context, handle=handle, outbox=outbox,
                        detok=Detokenizer(self.decode_text, () if sp.forced_output else sp.stop, self.pieces),
                        stop_ids=frozenset(stop_ids),
-                       saves=saves, splits=splits, session=session, t_submit=self.program.clock(), raw=raw)
+                       saves=saves, splits=splits, session=session, t_submit=self.program.clock(), raw=raw,
+                       media=media)
 
     # ---- the cycle (engine thread) ---------------------------------------------------------
     def has_work(self) -> bool:
@@ -325,7 +329,7 @@ class EngineCore(UnitPlanning, Execution):
         blocks = self.reuse.identity_at(req, len(req.prompt)).blocks
         b = known.branch_point(blocks, len(req.prompt), bound)
         known.remember(blocks)
-        if b is None or any(s.frontier == b for s in req.saves):
+        if b is None or any(s.frontier == b for s in req.saves) or (req.media is not None and req.media.inside(b)):
             return
         req.saves = tuple(sorted(req.saves + (SavePoint(b, None, shared=True, explicit=False),),
                                  key=lambda s: s.frontier))
@@ -419,3 +423,4 @@ class EngineCore(UnitPlanning, Execution):
         ends first."""
         self.reuse.drive_transaction()
         self.reuse.clear()
+        self.media_cache.clear()

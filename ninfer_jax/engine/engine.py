@@ -178,14 +178,31 @@ class Engine:
 
     def submit(self, prompt: str | Sequence[int], sampling: SamplingParams | None = None, *,
                request_id: str | None = None, session=None, anchors: Sequence[int] = (),
-               markers: Sequence[int] = (), recovery_point: int | None = None) -> RequestHandle:
+               markers: Sequence[int] = (), recovery_point: int | None = None, images: Sequence = (),
+               videos: Sequence = ()) -> RequestHandle:
         """Queue one raw prompt; returns at once with its handle. Its input recovery position is
         P, the prompt's end (REC-6), unless `recovery_point` names another token frontier (a
         pre-tokenising client that knows where its chat structure lies: the end of the
         conversation before the generation prompt, say); `anchors` are explicit private anchor
         frontiers (REC-1, at most 4), `markers` token frontiers for shared entries (SH-1, at
-        most 4). A frontier outside [1, len(prompt)] is refused, never dropped."""
-        ids = self._prompt_ids(prompt)
+        most 4). A frontier outside [1, len(prompt)] is refused, never dropped.
+
+        `images` / `videos` (a checkpoint with a vision tower): with token ids, (pixel_values,
+        grid_thw) pairs or prepared items (`frontend.media.prepare_image`), in order, for the
+        placeholder runs the ids already hold as the reference processor expands them; with
+        text, images as bytes or URLs (the media policy's), placed where the text writes
+        `<|vision_start|><|image_pad|><|vision_end|>` or else before it. A frontier inside a
+        media item's run is refused (SH-7)."""
+        if isinstance(prompt, str) and (images or videos):  # text: its placeholders expanded here
+            if videos:
+                raise RequestError("videos with a text prompt: send them in a chat message (submit_chat)")
+            self._check_takes_media()
+            expansion = self._frontend().expand_prompt(prompt, images)
+            ids = list(expansion.token_ids)
+            media = self._media(ids, [m.prepared for m in expansion.media], (), expansion.ranges)
+        else:
+            ids = self._prompt_ids(prompt)
+            media = self._media(ids, images, videos) if (images or videos) else None
         if len(set(markers)) > 4:
             raise RequestError("markers: at most 4 shared markers per request (SH-2)")
         for name, values in (("anchors", anchors), ("markers", markers),
@@ -193,6 +210,8 @@ class Engine:
             for f in values:
                 if not isinstance(f, int) or isinstance(f, bool) or not 1 <= f <= len(ids):
                     raise RequestError(f"{name}: token frontier {f!r} outside [1, {len(ids)}] (the prompt's length)")
+                if media is not None and media.inside(f):
+                    raise RequestError(f"{name}: token frontier {f} lies inside a media item (SH-7)")
         end = len(ids) if recovery_point is None else recovery_point
         saves = {end: SavePoint(end)}
         for f in anchors:
@@ -201,9 +220,28 @@ class Engine:
             prev = saves.get(int(f))
             saves[int(f)] = (prev._replace(shared=True) if prev is not None
                              else SavePoint(int(f), None, shared=True))
-        return self._submit(ids, sampling, request_id, saves=list(saves.values()), session=session, raw=True)
+        return self._submit(ids, sampling, request_id, saves=list(saves.values()), session=session, raw=True,
+                            media=media)
 
-    def _submit(self, ids, sampling, request_id, *, saves, splits=(), session=None, raw=False) -> RequestHandle:
+    def _media(self, ids, images, videos, ranges=None):
+        """The request's `RequestMedia` (engine/media.py), checked before anything is queued:
+        MediaNotSupportedError where this engine takes no media, RequestError for media that
+        does not match the prompt's placeholders."""
+        from ninfer_jax.engine.media import RequestMedia
+
+        self._check_takes_media()
+        return RequestMedia.of(self.program.model, ids, images, videos, ranges)
+
+    def _check_takes_media(self) -> None:
+        from ninfer_jax.engine.intake import media_refusal
+        from ninfer_jax.frontend.errors import MediaNotSupportedError
+
+        if not self.program.takes_media:
+            raise MediaNotSupportedError(media_refusal(self.config, getattr(self.program.model, "vision", None)
+                                                       is not None))
+
+    def _submit(self, ids, sampling, request_id, *, saves, splits=(), session=None, raw=False,
+                media=None) -> RequestHandle:
         if self._closed:
             raise self._closed_error()
         if len(self.core.fresh) + self.core.inbox.qsize() >= self.config.max_queue:
@@ -214,7 +252,7 @@ class Engine:
             raise RequestError("anchors: at most 4 explicit private anchors per request (REC-1)")
         req = self.core.make_request(ids, sampling or SamplingParams(), request_id,
                                      lambda rid: self._post("cancel", rid), saves=saves, splits=splits,
-                                     session=session, raw=raw)
+                                     session=session, raw=raw, media=media)
         with self._intake:  # posted before the engine closes (its close or cleanup ends it), or refused
             if self._closed:
                 raise self._closed_error()
@@ -231,7 +269,8 @@ class Engine:
 
     def _frontend(self):
         if self._chat is None:
-            self._chat = chat_frontend(self.tokenizer, self.config)
+            self._chat = chat_frontend(self.tokenizer, self.config, getattr(self.program.model, "vision", None)
+                                       is not None)
         return self._chat
 
     def submit_chat(self, messages: list[dict], *, tools=None, session=None, cache_markers=None, anchors=None,
@@ -252,14 +291,24 @@ class Engine:
         """Queue a prompt the chat frontend rendered (`render_chat`, `render_responses(...).prompt`):
         it saves at the frontiers the rendering chose; `anchors`, a rendering of the same
         conversation with the anchors as its only markers, adds those as private anchors."""
-        if getattr(rendered, "media", ()):  # placeholders run as text would be a fluent wrong answer
-            raise RequestError("image and video input is not served by the engine yet (issue 34): "
-                               "the rendered prompt holds media")
+        media = None
+        items = tuple(getattr(rendered, "media", ()))
+        if items:  # its placeholders run with their media, never as text (a fluent wrong answer)
+            self._check_takes_media()
+            ranges = tuple(rendered.media_ranges)
+            if len(ranges) != len(items):
+                raise RequestError(f"the rendered prompt holds {len(items)} media items but {len(ranges)} ranges")
+            media = self._media(list(rendered.token_ids), [m for m, r in zip(items, ranges) if r.kind == "image"],
+                                [m for m, r in zip(items, ranges) if r.kind == "video"], ranges)
         saves = saves_of(rendered)
         if anchors is not None:
             saves += [SavePoint(m.frontier, PointKind.ANCHOR) for m in anchors.markers]
+        if media is not None:
+            bad = next((s.frontier for s in saves if media.inside(s.frontier)), None)
+            if bad is not None:
+                raise RequestError(f"save frontier {bad} lies inside a media item (SH-7)")
         return self._submit(list(rendered.token_ids), sampling, request_id, saves=saves,
-                            splits=rendered.rewrite_execution_frontiers, session=session)
+                            splits=rendered.rewrite_execution_frontiers, session=session, media=media)
 
     def chat_frontend(self):
         """The chat frontend of this engine's tokenizer (templates, markers, Responses input)."""
@@ -286,6 +335,7 @@ class Engine:
             out.update(compilations=self.program.compilations,
                        compilations_from_cache=self.program.compilations_from_cache,
                        residents=len(self.core.residents),
+                       media_cache_bytes=self.core.media_cache.nbytes,  # the tower's outputs kept
                        queued=len(self.core.fresh), paused=len(self.core.preempt),
                        warmup_seconds=self.warmup_seconds,
                        cost_model=self.core.reuse.rates.stats())  # SRC-3: the prices in use

@@ -20,13 +20,13 @@ from ninfer_jax.program.program import DecodeRow
 
 
 class Execution:
-    def _compute(self, step, *args):
+    def _compute(self, step, *args, **kw):
         """Run one Program step and count its compute: the Program's own `step_seconds` when it
         keeps one (the compiled call until its logits are on the host; building the inputs is
         control work), else (None) the call's wall time (the cost-model Program)."""
         before = self.program.step_seconds
         t0 = time.perf_counter()
-        out = step(*args)
+        out = step(*args, **kw)
         if before is None:
             self.compute_seconds += time.perf_counter() - t0
         else:
@@ -39,7 +39,9 @@ class Execution:
             return
         # The rows' page lists are passed as they are (read during the call, never kept): a
         # 45k-token context holds ~700 pages, copied for nothing every cycle otherwise.
-        logits = self._compute(self.program.decode, [DecodeRow(r.output[-1], r.fed, r.pages, r.slot) for r in rows])
+        logits = self._compute(self.program.decode, [
+            DecodeRow(r.output[-1], r.fed, r.pages, r.slot,
+                      rope=r.media.decode_rope(r.fed) if r.media is not None else None) for r in rows])
         self.counters["decode_steps"] += 1
         plain = [sampling.plain_greedy(r.sampling) for r in rows]
         picks = sampling.greedy_rows(logits[:len(rows)]) if any(plain) else None  # one argmax for the batch
@@ -123,8 +125,9 @@ class Execution:
     def _run_prefill(self, req: Request) -> None:
         n = self._chunk(req)
         tokens = req.target[req.fed:req.fed + n]
+        media = self._chunk_media(req, n) if req.media is not None else None
         logits = self._compute(self.program.prefill, tokens, req.fed, req.pages, req.slot,
-                               *((req.mtp_pages,) if self.spec_k else ()))
+                               *((req.mtp_pages,) if self.spec_k else ()), **({"media": media} if media else {}))
         self.counters["prefill_chunks"] += 1
         replay = req.replaying
         # OBS-1: recomputing what was computed before a pause is Replay; the rest is prefill.
@@ -141,6 +144,27 @@ class Execution:
         if not req.output:
             self._sample(req, logits)  # the prompt's end: its first token
         # else the binding is rebuilt; the pending token is decoded next (PAUSE-5)
+
+    def _chunk_media(self, req: Request, n: int):
+        """The media inputs of the request's next `n` tokens: each item they cover comes from
+        the media cache, encoded on a miss; encoding an item this request had encoded before
+        (its output left the cache meanwhile) is a re-encode (PAUSE-6)."""
+        def embed_of(i: int):
+            key = req.media.keys[i]
+            out, encoded = self.media_cache.get(key, lambda: self._compute(self.program.encode_media,
+                                                                          *req.media.pixels[i]))
+            if encoded:
+                self.counters["vision_encodes"] += 1
+                if key in req.encoded:
+                    self.counters["vision_reencodes"] += 1
+                req.encoded.add(key)
+            else:
+                self.counters["media_cache_hits"] += 1
+            return out
+
+        cfg = self.program.model.config
+        return req.media.chunk(req.fed, n, self.program.chunk_size, embed_of, cfg.hidden_size,
+                               self.program.model.dtype)
 
     def _after_prefill(self, req: Request, lo: int) -> None:
         """Report compute demand (HEAT-2) and capture at the semantic frontier the chunk ended

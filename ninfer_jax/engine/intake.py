@@ -57,16 +57,30 @@ def prompt_ids(prompt, tokenizer, model: str) -> list[int]:
         raise RequestError("prompt: expected text or a sequence of token ids") from None
 
 
-def chat_frontend(tokenizer, config: EngineConfig):
+def media_refusal(config: EngineConfig, has_vision: bool) -> str:
+    """Why this engine takes no images or videos ("" when it takes them)."""
+    if not has_vision:
+        return f"{config.model} is a text-only checkpoint (it holds no vision tower): it takes no images or videos"
+    if config.speculative_tokens:
+        return "speculative decoding (speculative_tokens > 0) does not take images or videos yet: serve media " \
+               "with speculative_tokens=0"
+    return ""
+
+
+def chat_frontend(tokenizer, config: EngineConfig, has_vision: bool = False):
     """The chat frontend requests are rendered with (input limited to max_context - 1 tokens);
-    RequestError when the model ships no tokenizer."""
+    media is refused before any of it is read unless the model has a vision tower the steps
+    run (`media_refusal`); RequestError when the model ships no tokenizer."""
     if tokenizer is None:
         raise RequestError(f"{config.model} ships no tokenizer: chat needs one")
-    from ninfer_jax.frontend import ChatFrontend
-    from ninfer_jax.frontend.media_sources import MediaPolicy
+    import os
 
-    # The engine's steps do not take media yet (issue 34): refused before any media is read.
-    return ChatFrontend(tokenizer, max_input_tokens=config.max_context - 1, media_policy=MediaPolicy(enabled=False))
+    from ninfer_jax.frontend import ChatFrontend
+
+    why = media_refusal(config, has_vision)
+    folder = config.model if os.path.isdir(config.model) else None  # its preprocessor configs
+    return ChatFrontend(tokenizer, max_input_tokens=config.max_context - 1,
+                        media_policy=config.media.policy(enabled=not why, why=why), media_folder=folder)
 
 
 # ---- the core's inbox: posted from any thread, drained by the engine thread ---------------

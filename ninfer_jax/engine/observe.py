@@ -28,6 +28,7 @@ COUNTERS = (
     "captures", "captures_skipped", "reclaims", "reclaim_quotes", "full_hits", "waits",
     "cache_queries", "cache_hits_private", "cache_hits_shared", "branch_points",
     "spec_verify_units", "spec_drafted_tokens", "spec_accepted_tokens",
+    "vision_encodes", "vision_reencodes", "media_cache_hits",
 )
 
 # Seconds: from a fast decode step on a GPU to a long prefill queue on a busy CPU.

@@ -117,6 +117,8 @@ class Preemption:
     def choose_route(self, req: Request) -> Route:
         """PAUSE-2 / SRC-3: the configured route, or for "auto" the cheaper of copying the
         unique content out and back against recomputing beyond the best cached source."""
+        if req.media is not None and req.media.inside(req.fed):
+            return REPLAY  # SH-7: no checkpoint inside a media item; it replays from the last legal point
         if self.route != "auto":
             return Route(self.route)
         reuse = self.reuse
@@ -143,7 +145,8 @@ class Preemption:
         if req is self.holder:
             self.end_recovery(req)  # only an explicit pause reaches the holder (SCH-5)
         req.computed = max(req.computed, req.fed)
-        snap = reuse.pause(reuse.view_of(req), snapshot=route == SNAPSHOT and req.fed > 0)
+        inside = req.media is not None and req.media.inside(req.fed)  # SH-7: never a snapshot there
+        snap = reuse.pause(reuse.view_of(req), snapshot=route == SNAPSHOT and req.fed > 0 and not inside)
         route = REPLAY
         if snap is not None:
             pub = reuse.cache.active[req.ticket].publication_order

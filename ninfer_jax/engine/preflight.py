@@ -61,6 +61,20 @@ def model_config(model: str) -> ModelConfig:
     return load_config(model)
 
 
+def declares_vision(model: str) -> bool:
+    """Whether the model's config.json declares a vision tower (read only; no weights)."""
+    import json
+    import os
+
+    from ninfer_jax.model.multimodal import is_multimodal
+
+    path = os.path.join(model, "config.json")
+    if model.startswith("builtin:") or not os.path.isfile(path):
+        return False
+    with open(path) as f:
+        return is_multimodal(json.load(f))
+
+
 def check_checkpoint_files(model: str) -> None:
     """The checkpoint reader's file check (index, shards present, headers readable, data not cut
     short): CheckpointError. Reads headers only. Nothing to check for a built-in model."""
@@ -83,13 +97,15 @@ def itemsize(config: EngineConfig) -> int:
 
 def preflight(config: EngineConfig, prompt: str | Sequence[int] | None = None,
               sampling: SamplingParams | Mapping[str, Any] | None = None,
-              messages: Sequence[Mapping[str, Any]] | None = None, *, model: ModelConfig | None = None) -> Preflight:
+              messages: Sequence[Mapping[str, Any]] | None = None, *, model: ModelConfig | None = None,
+              images: Sequence[bytes] = ()) -> Preflight:
     """Check `config` (and a raw `prompt` or chat `messages`, and `sampling`) as the engine would,
     without loading weights; raise the engine's typed error (RequestError, ConfigError,
     CheckpointError, a FrontendError for messages the chat template refuses) or return what
     was read. `messages=[]` checks only that chat is possible (a tokenizer). `model`: the
     ModelConfig the engine will run (the cost-model Program's); default: config.model's,
-    whose checkpoint files are checked too."""
+    whose checkpoint files are checked too. `images` (with a text prompt): read, decoded and
+    placed as `Engine.submit` does (the media's typed errors; a text-only checkpoint refuses)."""
     if not isinstance(config, EngineConfig):
         raise ConfigError("config", f"expected an EngineConfig, got {type(config).__name__}")
     if isinstance(sampling, Mapping):
@@ -105,10 +121,15 @@ def preflight(config: EngineConfig, prompt: str | Sequence[int] | None = None,
         raise ConfigError("preflight", "pass a raw prompt or chat messages, not both")
     if isinstance(prompt, str) or messages is not None:
         tokenizer = load_tokenizer(config.model)
-    if prompt is not None:
+    if images:
+        if not isinstance(prompt, str):
+            raise ConfigError("image", "images go with a text prompt (--prompt) or a chat message")
+        expanded = chat_frontend(tokenizer, config, declares_vision(config.model)).expand_prompt(prompt, images)
+        ids = check_submission(list(expanded.token_ids), model.vocab_size, config.max_context)
+    elif prompt is not None:
         ids = check_submission(prompt_ids(prompt, tokenizer, config.model), model.vocab_size, config.max_context)
     elif messages is not None:
-        frontend = chat_frontend(tokenizer, config)
+        frontend = chat_frontend(tokenizer, config, declares_vision(config.model))
         if messages:
             rendered = frontend.render_chat(list(messages))
             ids = check_submission(rendered.token_ids, model.vocab_size, config.max_context)

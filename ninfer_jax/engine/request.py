@@ -91,6 +91,8 @@ class Request:
     splits: tuple[int, ...] = ()  # frontiers where a prefill chunk must end (REC-8)
     raw: bool = False  # no rendering chose its structure: a branch point may be offered (SH-6)
     session: object = None
+    media: object = None  # engine/media.py RequestMedia: its images and videos, positions, media identity
+    encoded: set = dataclasses.field(default_factory=set)  # media keys the tower encoded for it (PAUSE-6)
     output: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
     phase: str = QUEUED

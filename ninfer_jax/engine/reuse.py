@@ -46,6 +46,9 @@ class ContextCache:
         self.counters = counters
         self.enabled = enabled
         self.execution = execution  # model, dtype, backend: state from elsewhere is never adopted (CKP-4)
+        # A model with a vision tower places every token by M-RoPE (a text token: its index on
+        # all three axes); its positions follow from the tokens and the media ranges.
+        self.position_scheme = "mrope" if program.takes_media else "linear"
         # KV pools a sequence holds pages in: Main KV, and the MTP backend KV with speculative
         # decoding (RES-1: its pages come with every unit, capture and bind like Main KV's).
         self.mtp = bool(program.speculative_tokens)
@@ -63,22 +66,28 @@ class ContextCache:
         self._quotes: dict = {}  # (gap, applicant, protect) -> its quote on those states
 
     # ---- plumbing ------------------------------------------------------------------------
-    def identity(self, tokens: Sequence[int], known: ledger.InputIdentity | None = None) -> ledger.InputIdentity:
-        """The identity of `tokens`; `known`, an identity of a prefix of them (a request's before
-        its latest outputs), lends its block digests so only the new blocks are hashed."""
+    def identity(self, tokens: Sequence[int], known: ledger.InputIdentity | None = None,
+                 media: Sequence = ()) -> ledger.InputIdentity:
+        """The identity of `tokens` with its media ranges `(start, end, key)` (CKP-4, SH-7);
+        `known`, an identity of a prefix of them with the same media (a request's before its
+        latest outputs), lends its block digests so only the new blocks are hashed."""
         toks = tuple(tokens)
-        if (known is not None and known.execution == self.execution and not known.media
+        media = tuple(media)
+        if (known is not None and known.execution == self.execution and known.media == media
                 and toks[:len(known.tokens)] == known.tokens):
             return ledger.extend(known, toks[len(known.tokens):])
-        return ledger.identity_of(toks, execution=self.execution)
+        return ledger.identity_of(toks, media, self.position_scheme, execution=self.execution)
 
     def identity_at(self, req: Request, n: int) -> ledger.InputIdentity:
         """The identity of the request's first `n` tokens (prompt, then output), hashed once per
-        output length rather than at every chunk and capture; prefixes share its digests."""
+        output length rather than at every chunk and capture; prefixes share its digests. A
+        frontier inside a media item (a chunk may end there) gets the identity of a view that
+        is never adopted (`InputIdentity.cut`, SH-7)."""
         total = len(req.prompt) + len(req.output)
         if req.ident is None or len(req.ident.tokens) != total:
-            req.ident = self.identity(req.prompt + tuple(req.output), req.ident)
-        return req.ident.prefix(n)
+            req.ident = self.identity(req.prompt + tuple(req.output), req.ident,
+                                      req.media.ranges if req.media is not None else ())
+        return req.ident.cut(n) if req.media is not None else req.ident.prefix(n)
 
     def apply(self, res) -> None:
         plan = res.plan if isinstance(res, CacheResult) else res

@@ -18,8 +18,8 @@ from .identity import DigestChain, FrontierIdentity, MediaRange
 from .markers import (MarkerPlan, MarkerPolicy, MarkerSpec, RejectedMarker, ResolvedMarker, automatic_candidates,
                       normalize_specs, parse_marker, resolve_markers)
 from .media import PreparedImage, ProcessorSettings
-from .media_prompt import MediaLayout
-from .media_sources import MediaPolicy
+from .media_prompt import PAD_TOKENS, VISION_END, VISION_START, Expansion, MediaLayout
+from .media_sources import MediaPart, MediaPolicy
 from .messages import Conversation, iter_texts, normalize_messages
 from .provenance import Provenance
 from .rendering import Rendering
@@ -111,9 +111,24 @@ class ChatFrontend:
         """Check, read and prepare the request's media before anything renders (None: none)."""
         if not conv.media:
             return None
+        return self._prepare_media(conv.media)
+
+    def expand_prompt(self, text: str, images: Sequence[str | bytes]) -> Expansion:
+        """A raw text prompt with images (bytes or URLs under the media policy): one
+        `<|vision_start|><|image_pad|><|vision_end|>` per image where the text writes them, else
+        all of them before the text; each placeholder expanded to its image's tokens."""
+        parts = tuple(MediaPart("image", 0, i, source) for i, source in enumerate(images))
+        layout = self._prepare_media(parts)
+        if PAD_TOKENS["image"] not in text:
+            text = (VISION_START + PAD_TOKENS["image"] + VISION_END) * len(parts) + text
+        self._check_chars(len(text))
+        expansion = layout.expand(self.tokenizer.encode(text))
+        self._check_tokens(len(expansion.token_ids))
+        return expansion
+
+    def _prepare_media(self, parts) -> MediaLayout:
         if not self.media_policy.enabled:
-            raise MediaNotSupportedError("image and video input is not served here yet: the engine runs text "
-                                         "prompts only (the vision tower runs in Model.forward; issue 34)")
+            raise MediaNotSupportedError(self.media_policy.why or "image and video input is not served here")
         if self._image_settings is None or self._video_settings is None:
             folder = self._media_folder
             if self._image_settings is None:
@@ -121,7 +136,7 @@ class ChatFrontend:
             if self._video_settings is None:
                 self._video_settings = (ProcessorSettings.from_folder(folder, video=True) if folder
                                         else ProcessorSettings.video_defaults())
-        return MediaLayout.prepare(conv.media, self.tokenizer, self.media_policy, self._image_settings,
+        return MediaLayout.prepare(parts, self.tokenizer, self.media_policy, self._image_settings,
                                    self._video_settings)
 
     # --- limits (CFG-1, CFG-7) ---------------------------------------------------------------

@@ -62,8 +62,8 @@ class MediaPolicy:
     `max_bytes`: the most bytes one source (an image, a video frame) may hold;
     `max_input_pixels`: the most pixels of one image or frame, read from its header;
     `max_input_frames`: the most frames of one video (None: the processor's `max_frames`);
-    `enabled`: False where whoever serves the rendered prompt cannot run media (the engine, until
-    its steps take them: issue 34), so media is refused before any of it is read."""
+    `enabled`: False where whoever serves the rendered prompt cannot run media (a text-only
+    checkpoint, say), so media is refused before any of it is read; `why` says why."""
 
     allowed_local_media_path: str | None = None
     allow_remote_urls: bool = False
@@ -71,6 +71,7 @@ class MediaPolicy:
     max_input_pixels: int = MAX_INPUT_PIXELS
     max_input_frames: int | None = None
     enabled: bool = True
+    why: str = ""
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_input_pixels", "max_input_frames"):

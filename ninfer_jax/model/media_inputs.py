@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.model.multimodal import encode_media, media_layout
-from ninfer_jax.model.rope_index import VisionTokens, rope_index, text_positions
+from ninfer_jax.model.rope_index import VisionTokens, text_positions
 
 if TYPE_CHECKING:
     from ninfer_jax.model.model import Model
@@ -77,11 +77,9 @@ class MediaPrompt:
         run the tower once, and lay the prompt out."""
         ids = np.asarray(token_ids, np.int64).reshape(-1)
         images, videos = tuple(images), tuple(videos)
-        items, _, _ = media_layout(model.vision, model.config, ids, images, videos)
-        spec = model.vision.tokens
-        positions, next_position = rope_index(ids, spec, [g[0] for _, g in items[:len(images)]],
-                                              [g[0] for _, g in items[len(images):]])
-        return cls.build(ids, spec, encode_media(model.vision, items), positions, next_position)
+        layout = media_layout(model.vision, model.config, ids, images, videos)
+        return cls.build(ids, model.vision.tokens, encode_media(model.vision, layout.items), layout.positions,
+                         layout.next_position)
 
     @property
     def length(self) -> int:

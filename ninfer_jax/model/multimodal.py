@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -118,11 +118,20 @@ def _media(items: Sequence, kind: str, vcfg: VisionConfig) -> list[tuple[object,
     return out
 
 
+class MediaLayout(NamedTuple):
+    """A prompt's media checked against its placeholders: the items (pixel_values, grid `[1, 3]`),
+    images then videos; the M-RoPE `positions` `[3, T]` and the `next_position` after the
+    prompt (`rope_index`); the placeholders' `rows` `[n]`, the image pads' then the video pads'."""
+    items: list
+    positions: np.ndarray
+    next_position: int
+    rows: np.ndarray
+
+
 def media_layout(vision: Vision | None, cfg: ModelConfig, ids: np.ndarray, images: Sequence = (),
-                 videos: Sequence = ()):
-    """Everything checked before any work: (media items, images then videos; positions `[3, T]`;
-    the placeholders' rows `[n]`, the image pads' then the video pads'). RequestError for media
-    given to a text-only model, malformed media, or placeholders that do not match the grids."""
+                 videos: Sequence = ()) -> MediaLayout:
+    """Everything checked before any work (`MediaLayout`). RequestError for media given to a
+    text-only model, malformed media, or placeholders that do not match the grids."""
     if vision is None:
         raise RequestError("images or videos were given, but the checkpoint is text-only (it holds no vision tower)")
     if cfg.mrope_section is None:
@@ -138,12 +147,13 @@ def media_layout(vision: Vision | None, cfg: ModelConfig, ids: np.ndarray, image
             raise RequestError(f"the prompt holds {have} {kind} placeholder tokens (id {token}), its "
                                f"{len(items)} {kind}(s) need {need} (one per merged token)")
     try:
-        positions, _ = rope_index(ids, spec, [g[0] for _, g in image_items], [g[0] for _, g in video_items])
+        positions, next_position = rope_index(ids, spec, [g[0] for _, g in image_items],
+                                              [g[0] for _, g in video_items])
     except ValueError as e:
         raise RequestError(f"the placeholders do not match the media: {e}") from None
     rows = np.concatenate([np.flatnonzero(ids == spec.image_token_id),
                            np.flatnonzero(ids == spec.video_token_id)]).astype(np.int32)
-    return image_items + video_items, positions, rows
+    return MediaLayout(image_items + video_items, positions, int(next_position), rows)
 
 
 def encode_media(vision: Vision, items: list) -> jax.Array:
@@ -159,7 +169,7 @@ def forward_media(merger: Merger, leaves: tuple, cfg: ModelConfig, vision: Visio
                   images: Sequence = (), videos: Sequence = ()) -> jax.Array:
     """Logits `[T, vocab]` (float32) of one whole uncached pass over `tokens` `[T]` (checked ids)
     with the media's tokens in its placeholders and M-RoPE positions (module docstring)."""
-    items, positions, rows = media_layout(vision, cfg, np.asarray(tokens), images, videos)
+    items, positions, _, rows = media_layout(vision, cfg, np.asarray(tokens), images, videos)
     media = encode_media(vision, items)
     return forward_embedded(merger, leaves, tokens, jnp.asarray(rows), media, jnp.asarray(positions))
 

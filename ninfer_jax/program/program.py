@@ -22,7 +22,9 @@ import numpy as np
 import ledger
 from ninfer_jax.compile_cache import summary
 from ninfer_jax.config import EngineConfig
+from ninfer_jax.model.media_inputs import ChunkMedia
 from ninfer_jax.model.model import Model, lm_head, load_model
+from ninfer_jax.model.multimodal import encode_media
 from ninfer_jax.model.mtp_steps import init_mtp_pool
 from ninfer_jax.model.spec_steps import MTP_POOL
 from ninfer_jax.model.compiled import CompiledSteps
@@ -42,6 +44,7 @@ class DecodeRow(NamedTuple):
     pages: Sequence[int]  # Main KV page units of the request, in logical order (read, not kept)
     slot: int  # its StateImage slot unit
     mtp_pages: Sequence[int] = ()  # its MTP pool page units (speculative decoding), in logical order
+    rope: int | None = None  # its rotary position when it is not `position` (a prompt with media, M-RoPE)
 
 
 def _print_shard(p) -> None:
@@ -102,6 +105,12 @@ class Program:
         self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}" + ("|mtp" if self.speculative_tokens else "")
         self._verify = None  # the Verify unit in flight between `spec_decode` and `spec_commit`
         self._hidden_logits = jax.jit(lm_head)
+        # A checkpoint with a vision tower runs every chunk and decode row through the media
+        # executables (a text row with its plain positions), so a row's bits never depend on
+        # whether a batch mate or a reused prefix had media (doctrine 1). Speculative decoding
+        # does not take media yet: such an engine runs text only (issue 34).
+        self.takes_media = self.model.vision is not None and not self.speculative_tokens
+        self._no_media = None  # a text chunk's zero embeddings, made once
         # Wall time inside the compiled model steps, from the call to their logits on the host;
         # building their inputs is control work and is not counted (the engine's control figure).
         self.step_seconds = 0.0
@@ -133,10 +142,19 @@ class Program:
         return time.perf_counter()
 
     # ---- execution ------------------------------------------------------------------
-    def _run(self, kind: str, *args):
+    def _run(self, kind: str, *args, media=None):
+        """One compiled step on the pools. `media`: a prefill chunk's `ChunkMedia` (one row) or
+        a decode batch's rotary positions `[B]` (the media executables)."""
         kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
-        if kind == "prefill" and self.speculative_tokens:  # the chunk's MTP K/V too (spec_steps.py)
+        if media is not None:
+            if kind == "prefill":
+                logits, _, kv, state = self.steps.prefill(kv_pool.tree, st_pool.tree, *args, embeds=media.embeds[None],
+                                                          embed_rows=media.embed_rows[None],
+                                                          rope=media.rope[:, None])
+            else:
+                logits, _, kv, state = self.steps.decode(kv_pool.tree, st_pool.tree, *args, rope=media)
+        elif kind == "prefill" and self.speculative_tokens:  # the chunk's MTP K/V too (spec_steps.py)
             tokens, start, lengths, table, slots, *mtp_table = args
             mtp_pool = self.stores.pools[MTP_POOL]
             mtp_table = mtp_table[0] if mtp_table else np.zeros_like(table)  # a padding row writes nothing
@@ -150,33 +168,65 @@ class Program:
         st_pool.replace(state)
         return logits
 
-    def _step(self, kind: str, *args) -> np.ndarray:
+    def _step(self, kind: str, *args, media=None) -> np.ndarray:
         """One compiled step, its logits on the host; the time is counted in `step_seconds` (by
         the Program's own clock)."""
         t0 = self.clock()
-        logits = np.asarray(self._run(kind, *args))
+        logits = np.asarray(self._run(kind, *args, media=media))
         self.step_seconds += self.clock() - t0
         return logits
 
     def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int,
-                mtp_pages: Sequence[int] = ()) -> np.ndarray:
+                mtp_pages: Sequence[int] = (), media=None) -> np.ndarray:
         """One prefill chunk of one request from frontier `start`; logits `[V]` of its last token.
-        `mtp_pages`: its MTP pool pages (speculative decoding)."""
+        `mtp_pages`: its MTP pool pages (speculative decoding); `media`: the chunk's
+        `ChunkMedia` of width `chunk_size` (engine/media.py; None: text, plain positions)."""
         n = len(tokens)
         if not 0 < n <= self.chunk_size:
             raise ValueError(f"prefill chunk of {n} tokens; expected 1..{self.chunk_size}")
+        if media is not None and not self.takes_media:
+            raise ValueError("this Program runs text only: its model has no vision tower, or it drafts speculatively")
         buf = np.zeros((1, self.chunk_size), np.int32)
         buf[0, :n] = tokens
+        if self.takes_media and media is None:
+            media = self._text_media(start, n)
         # numpy in, no eager jnp conversions: the compiled step takes host arrays directly.
         extra = (self._tables([mtp_pages], 1),) if self.speculative_tokens else ()
         logits = self._step("prefill", buf, np.array([start], np.int32), np.array([n], np.int32),
-                            self._tables([pages], 1), np.array([slot], np.int32), *extra)
+                            self._tables([pages], 1), np.array([slot], np.int32), *extra, media=media)
         return logits[0]
+
+    def _text_media(self, start: int, n: int):
+        """A text chunk's media inputs: no media rows, rotary positions = cache positions."""
+        if self._no_media is None:
+            self._no_media = jnp.zeros((self.chunk_size, self.model.config.hidden_size), self.model.dtype)
+        rope = np.zeros((3, self.chunk_size), np.int32)
+        rope[:, :n] = np.arange(start, start + n, dtype=np.int32)
+        return ChunkMedia(self._no_media, np.zeros(self.chunk_size, bool), rope)
 
     def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
         """One decode step for each row; logits `[len(rows), V]`."""
         n = len(rows)
-        return self._step("decode", *self._rows(rows))[:n]
+        args = self._rows(rows)
+        media = None
+        if self.takes_media:  # every row's rotary position: its own, or its cache position
+            media = args[1].copy()
+            for i, r in enumerate(rows):
+                if r.rope is not None:
+                    media[i] = r.rope
+        return self._step("decode", *args, media=media)[:n]
+
+    def encode_media(self, pixels, grid) -> "jax.Array":
+        """The vision tower's tokens `[tokens, hidden]` of one image or video (its own tower
+        call: the same bucket, hence the same bits, every time it is encoded); counted as
+        compute in `step_seconds`."""
+        if not self.takes_media:
+            raise ValueError("this Program runs text only")
+        t0 = self.clock()
+        out = encode_media(self.model.vision, [(pixels, grid)])
+        out.block_until_ready()
+        self.step_seconds += self.clock() - t0
+        return out
 
     def _rows(self, rows: Sequence[DecodeRow]):
         """Padded decode-row arrays of `rows` in their bucket: tokens, positions, table, slots."""
@@ -253,14 +303,15 @@ class Program:
             print(f"[ninfer] warming up {1 + len(self.decode_buckets)} step buckets", file=sys.stderr)
         p = self.capacity.pages_per_request
         self._run("prefill", jnp.zeros((1, self.chunk_size), jnp.int32), jnp.zeros(1, jnp.int32),
-                  jnp.zeros(1, jnp.int32), jnp.zeros((1, p), jnp.int32), jnp.full(1, -1, jnp.int32))
+                  jnp.zeros(1, jnp.int32), jnp.zeros((1, p), jnp.int32), jnp.full(1, -1, jnp.int32),
+                  media=self._text_media(0, 0) if self.takes_media else None)
         for b in self.decode_buckets:
             if self.speculative_tokens:  # every decode row runs as a Verify unit; plain decode is not used
                 self.spec_decode([DecodeRow(0, 0, (), -1)] * b, [0] * b)
                 self.spec_commit([0] * b)
                 continue
             self._run("decode", jnp.zeros(b, jnp.int32), jnp.zeros(b, jnp.int32), jnp.zeros((b, p), jnp.int32),
-                      jnp.full(b, -1, jnp.int32))
+                      jnp.full(b, -1, jnp.int32), media=np.zeros(b, np.int32) if self.takes_media else None)
         self.hidden_logits(0)
         # The stores' byte movers (captures, copy-on-write, offload and read-back) compile per
         # power-of-two index bucket too: every bucket up to each pool's size, compiled without

@@ -121,6 +121,7 @@ class SimProgram:
     speculative_tokens = 0  # no speculative decoding (refused at construction)
     step_seconds = None  # no compute clock of its own: the engine times each step call
     model = None  # no weights
+    takes_media = False  # no vision tower: image and video input is refused at the boundary
 
     def __init__(self, config: EngineConfig, model_config: ModelConfig | None = None, cost: CostModel = CostModel(),
                  *, model_bytes: bool = False, capacity: Capacity | None = None, plan: CapacityPlan | None = None):

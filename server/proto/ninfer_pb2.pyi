@@ -75,14 +75,22 @@ class GenerateRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., request_id: _Optional[str] = ..., recovery_point: _Optional[int] = ..., anchors: _Optional[_Iterable[int]] = ..., markers: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ...) -> None: ...
 
 class ContentPart(_message.Message):
-    __slots__ = ("type", "text", "cache_control")
+    __slots__ = ("type", "text", "cache_control", "data", "url", "frames", "fps")
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CACHE_CONTROL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
     type: str
     text: str
     cache_control: bool
-    def __init__(self, type: _Optional[str] = ..., text: _Optional[str] = ..., cache_control: _Optional[bool] = ...) -> None: ...
+    data: bytes
+    url: str
+    frames: _containers.RepeatedScalarFieldContainer[bytes]
+    fps: float
+    def __init__(self, type: _Optional[str] = ..., text: _Optional[str] = ..., cache_control: _Optional[bool] = ..., data: _Optional[bytes] = ..., url: _Optional[str] = ..., frames: _Optional[_Iterable[bytes]] = ..., fps: _Optional[float] = ...) -> None: ...
 
 class ToolCall(_message.Message):
     __slots__ = ("id", "name", "arguments_json")

@@ -20,8 +20,8 @@ class FakeClockProgram(Program):
     def clock(self) -> float:
         return self.now
 
-    def _run(self, kind, *args):
-        out = super()._run(kind, *args)
+    def _run(self, kind, *args, **kw):
+        out = super()._run(kind, *args, **kw)
         self.now += STEP
         return out
 

@@ -1,13 +1,12 @@
-"""Until the engine's steps take media (issue 34), image and video input is refused at the
-boundary with a typed error, before any media is read, and the engine goes on serving: a
-prompt whose placeholders ran as text would be a fluent wrong answer."""
+"""A text-only checkpoint (the built-in model) refuses image and video input at the boundary with a
+typed error, before any media is read, and goes on serving: a prompt whose placeholders ran as
+text would be a fluent wrong answer. (Media on a VL checkpoint: test_engine_media.py.)"""
 import base64
 
 import pytest
 
 from engine_helpers import assert_idle_and_empty, make_engine, run_until_done
 from ninfer_jax import SamplingParams
-from ninfer_jax.errors import RequestError
 from ninfer_jax.frontend.errors import MediaNotSupportedError, UnsupportedContentError
 
 NOT_AN_IMAGE = "data:image/png;base64," + base64.b64encode(b"not a png at all").decode()
@@ -37,6 +36,10 @@ def test_media_is_refused_before_it_is_read_and_the_engine_goes_on(engine, part)
 
 def test_a_rendered_prompt_with_media_is_refused(engine):
     rendered = engine.chat_frontend().render_chat([{"role": "user", "content": "hi"}])
-    with_media = type("Rendered", (), {"media": (object(),), "token_ids": rendered.token_ids})()
-    with pytest.raises(RequestError, match="not served by the engine yet"):
+    with_media = type("Rendered", (), {"media": (object(),), "media_ranges": (object(),),
+                                       "token_ids": rendered.token_ids})()
+    before = engine.stats()["requests_submitted"]
+    with pytest.raises(MediaNotSupportedError, match="text-only"):
         engine.submit_rendered(with_media)
+    engine.step()
+    assert engine.stats()["requests_submitted"] == before

@@ -13,11 +13,12 @@ from __future__ import annotations
 import base64
 import io
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
-from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
 
 from ninfer_jax.frontend import ChatFrontend, MediaPolicy, MediaRange, Tokenizer
 from ninfer_jax.frontend.errors import (MalformedInputError, MediaNotSupportedError, MediaPlaceholderError,
@@ -26,31 +27,12 @@ from ninfer_jax.frontend.errors import (MalformedInputError, MediaNotSupportedEr
                                         UnsupportedMediaError)
 from ninfer_jax.frontend.media import ProcessorSettings, prepare_image, prepare_video
 from ninfer_jax.frontend.messages import normalize_messages
-
-SPECIALS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-QWEN_LIKE_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-    "{% if m.content is string %}{{ m.content }}{% else %}{% for item in m.content %}"
-    "{% if 'image' in item or 'image_url' in item or item.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif 'video' in item or item.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in item %}{{ item.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from tiny_vl import QWEN_LIKE_TEMPLATE, save_vl_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tok_file(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("vision_tok")
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    text = ["hello world, describe this picture and that video", "at 0.5 seconds and 1.5 seconds"] * 20
-    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                      show_progress=False))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
-    path = folder / "tokenizer.json"
-    tok.save(str(path))
-    return path
+    return Path(save_vl_tokenizer(tmp_path_factory.mktemp("vision_tok")))
 
 
 @pytest.fixture(scope="module")

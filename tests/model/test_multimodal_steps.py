@@ -22,7 +22,7 @@ from ninfer_jax.model.rope_index import is_frontier, rope_index
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
-from test_multimodal_forward import IMG, TEXT, _build, _case, _text  # noqa: E402  (after the skips)
+from tiny_vl import IMG, TEXT, build, media_case, text_ids  # noqa: E402  (after the skips)
 
 TOL = 1e-5
 DECODE = 4
@@ -34,7 +34,7 @@ SLOT = np.array([1], np.int32)
 def vl(request, tmp_path_factory):
     """(kind, our Model, its CompiledSteps) for each wrapper type."""
     folder = str(tmp_path_factory.mktemp(request.param))
-    _build(request.param).save_pretrained(folder, safe_serialization=True)
+    build(request.param).save_pretrained(folder, safe_serialization=True)
     model = load_model(folder, dtype="float32")
     return request.param, model, CompiledSteps(model, progress=False)
 
@@ -79,7 +79,7 @@ def _decode(steps, kv, state, token, position, rope=None):
 @pytest.mark.parametrize("case,chunk", [("image", 5), ("image_and_video", 8)])
 def test_chunked_prefill_and_decode_equal_forward(vl, case, chunk):
     kind, model, steps = vl
-    ids, images, videos = _case(case)
+    ids, images, videos = media_case(case)
     cuts = [s for s in range(chunk, len(ids), chunk) if not is_frontier(ids, s, model.vision.tokens)]
     assert cuts, "some chunk must end inside a placeholder run"
     mp = MediaPrompt.prepare(model, ids, images, videos)
@@ -104,7 +104,7 @@ def test_text_prompt_through_the_media_calls_gives_the_text_bits(vl):
     """The media executables on text inputs (no embedded rows, rope = cache positions on all
     three axes) give the text executables' bits, prefill and decode."""
     kind, model, steps = vl
-    ids = _text(np.random.default_rng(5), 19)
+    ids = text_ids(np.random.default_rng(5), 19)
     out = {}
     for how in (None, "text"):
         kv, state = _pools(model)
@@ -127,7 +127,7 @@ def test_chunk_inputs(vl):
     """`MediaPrompt.chunk` slices `rope_index`'s positions and puts the tower's tokens in the
     placeholders' rows, images then videos; past the prompt it continues as text."""
     _, model, _ = vl
-    ids, images, videos = _case("image_and_video")
+    ids, images, videos = media_case("image_and_video")
     mp = MediaPrompt.prepare(model, ids, images, videos)
     positions, next_position = rope_index(ids, model.vision.tokens, [images[0][1]], [videos[0][1]])
     np.testing.assert_array_equal(mp.rope, positions)

@@ -1,0 +1,62 @@
+"""The engine's media cache: the vision tower's output per media item, under its own byte budget.
+
+An entry is one item's tower tokens `[tokens, hidden]` on the device, keyed by the item's media
+identity (`kind:digest`, the digest of its decoded pixels and processor settings). Requests take
+it at each prefill chunk that covers the item; the same image in the next turn finds it here
+and is not encoded again. Entries leave least recently used first when a new one would pass
+`budget_bytes` (`EngineConfig.media_cache_bytes`); this budget is apart from the Host context
+capacity and the pools. An entry a paused request needs again may be gone by then: its
+Replay encodes the item again from the pixels the request keeps (PAUSE-6), and that is counted
+(`vision_reencodes`). Budget 0 keeps nothing: every chunk that covers an item encodes it.
+
+Encoding is deterministic per item (one item per tower call, the same bucket each time), so a
+hit, a first encoding and a re-encoding give the same bits (doctrine 1).
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+import jax
+
+
+class MediaCache:
+    def __init__(self, budget_bytes: int):
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
+            raise ValueError(f"media cache budget must be a byte count >= 0, got {budget_bytes!r}")
+        self.budget_bytes = budget_bytes
+        self._entries: collections.OrderedDict[str, jax.Array] = collections.OrderedDict()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def get(self, key: str, encode: Callable[[], jax.Array]) -> tuple[jax.Array, bool]:
+        """(the item's tower tokens, whether they were encoded now). A miss runs `encode` and
+        keeps the result if it fits the budget, evicting the least recently used first."""
+        got = self._entries.get(key)
+        if got is not None:
+            self._entries.move_to_end(key)
+            return got, False
+        out = encode()
+        size = out.nbytes
+        if size <= self.budget_bytes:
+            while self.nbytes + size > self.budget_bytes:
+                _, old = self._entries.popitem(last=False)
+                self.nbytes -= old.nbytes
+            self._entries[key] = out
+            self.nbytes += size
+        return out, True
+
+    def drop(self, key: str) -> None:
+        """Forget one entry (tests and `clear`)."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.nbytes -= old.nbytes
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.nbytes = 0

@@ -1,0 +1,181 @@
+"""Images and videos through the engine (issue 34): raw prompts holding the placeholder runs, on the
+tiny random Qwen3.5 VL checkpoint (tests/tiny_vl.py), float32.
+
+- Greedy tokens and every logprob (chosen and top-k) equal the whole-sequence reference
+  `Model.forward` with the same media (itself within 1e-4 of transformers,
+  tests/model/test_multimodal_forward.py), with prefill chunks that end inside the media runs.
+- Reuse never changes a token (doctrine 1, CKP-4, SH-7): the same image in turn 2 is a hit
+  covering the image; a changed image of the same size misses at the image's first token; both
+  equal a cold engine.
+- Snapshot and Replay pauses with media in flight, a pause inside a media run (Replay from the
+  last legal point), and a media cache too small to keep anything (every item re-encoded,
+  PAUSE-6, `vision_reencodes`) equal the uninterrupted run.
+- A text request batched with a media request gets its own tokens (the media executables run
+  every row of a VL engine).
+- Bad input is a typed error before any work, and nothing leaks (`check_integrity`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine_helpers import assert_idle_and_empty, make_engine, run_until_done
+from media_helpers import check_against_forward
+from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
+from ninfer_jax.config import MediaConfig
+from ninfer_jax.engine.request import PAUSED, PREFILL
+from ninfer_jax.errors import RequestError
+from ninfer_jax.frontend.errors import MediaNotSupportedError
+from ninfer_jax.model.model import load_model
+from ninfer_jax.program.program import Program
+
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+from tiny_vl import IMG, VE, VID, VS, build, image_run, pixels, text_ids, video_run  # noqa: E402  (after the skips)
+
+PLACEHOLDERS = (IMG, VID, VS, VE)  # a generated one would make the reference prompt invalid: stop there
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop_token_ids=PLACEHOLDERS, logprobs=3)
+GRID = (1, 8, 8)  # 16 merged tokens: chunks of 8 end inside the run
+
+
+@pytest.fixture(scope="module")
+def vl(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("qwen3_5_vl"))
+    build("qwen3_5").save_pretrained(folder, safe_serialization=True)
+    return folder, load_model(folder, dtype="float32")
+
+
+def _engine(vl, **overrides):
+    folder, model = vl
+    cfg = EngineConfig(**{"model": folder, "max_concurrency": 2, "max_context": 256, "chunk_size": 8,
+                          "progress": False, "context_cache": ContextCacheConfig(host_capacity_bytes=4 << 20),
+                          **overrides})
+    return Engine(cfg, program=Program(cfg, model=model), start=False)
+
+
+def _prompt(seed: int, image_seed: int = 1):
+    rng = np.random.default_rng(seed)
+    ids = text_ids(rng, 11) + image_run(GRID) + text_ids(rng, 6)
+    return ids, [(pixels(GRID, image_seed), GRID)]
+
+
+def _run(engine, prompt, sp=GREEDY, **media):
+    h = engine.submit(prompt, sp, **media)
+    run_until_done(engine, [h])
+    got = h.result()
+    assert got.finish_reason in ("length", "stop"), got.error
+    return got
+
+
+@pytest.mark.parametrize("what", ["two_images", "video"])
+def test_greedy_tokens_and_logprobs_equal_the_reference(vl, what):
+    _, model = vl
+    rng = np.random.default_rng(7)
+    if what == "two_images":
+        a, b = (1, 4, 4), (1, 6, 2)
+        prompt = text_ids(rng, 5) + image_run(a) + text_ids(rng, 3) + image_run(b) + text_ids(rng, 4)
+        images, videos = [(pixels(a, 2), a), (pixels(b, 3), b)], []
+    else:
+        g = (2, 4, 4)
+        prompt = text_ids(rng, 4) + video_run(g, rng) + text_ids(rng, 3)
+        images, videos = [], [(pixels(g, 4), g)]
+    engine = _engine(vl)
+    got = _run(engine, prompt, images=images, videos=videos)
+    assert len(got.token_ids) >= 2
+    check_against_forward(model, prompt, images, videos, got)
+    stats = engine.stats()
+    assert stats["vision_encodes"] == len(images) + len(videos)
+    assert_idle_and_empty(engine)
+
+
+def test_same_image_is_reused_a_changed_one_is_not(vl):
+    """Turn 2 with the same image is a hit covering it; with another image of the same size it
+    misses at the image's first token; each equals a cold engine's tokens."""
+    _, model = vl
+    engine = _engine(vl)
+    cold = _engine(vl, context_cache=ContextCacheConfig(enabled=False, host_capacity_bytes=0))
+    prompt, images = _prompt(1)
+    first = _run(engine, prompt, images=images)
+    start = prompt.index(VS) + 1
+    end = start + GRID[1] * GRID[2] // 4
+    turn2 = prompt + list(first.token_ids) + text_ids(np.random.default_rng(5), 7)
+    same = _run(engine, turn2, images=images)
+    assert same.usage.cached_tokens >= end, same.usage
+    assert same.token_ids == _run(cold, turn2, images=images).token_ids
+    other = [(pixels(GRID, 99), GRID)]
+    changed = _run(engine, turn2, images=other)
+    assert changed.usage.cached_tokens <= start, changed.usage
+    assert changed.token_ids == _run(cold, turn2, images=other).token_ids
+    check_against_forward(model, turn2, other, [], changed)
+    stats = engine.stats()
+    assert stats["media_cache_hits"] >= 1 and stats["vision_encodes"] == 2, stats
+    assert_idle_and_empty(engine)
+
+
+def _reach_inside_media(engine, rid, start, end):
+    for _ in range(200):
+        r = engine.core.by_id.get(rid)
+        if r is not None and r.phase == PREFILL and start < r.fed < end:
+            return r
+        engine.step()
+        engine.check_integrity()
+    raise AssertionError("the request never stopped inside its image")
+
+
+@pytest.mark.parametrize("route,cache_bytes", [("snapshot", None), ("replay", None), ("replay", 0)])
+def test_pauses_with_media_in_flight_equal_uninterrupted(vl, route, cache_bytes):
+    """Two media requests and a text one, C=2; the media request is paused with its chunk frontier
+    inside its image (always Replay there: no checkpoint inside media, SH-7), resumed, then
+    paused again in decode by `route`. Media cache 0: every chunk encodes again, and the Replay's
+    encodings of an item it had encoded are counted as re-encodes (PAUSE-6)."""
+    media = MediaConfig() if cache_bytes is None else MediaConfig(cache_bytes=cache_bytes)
+    engine = _engine(vl, max_concurrency=2, media=media)
+    alone = _engine(vl, max_concurrency=1)
+    work = [(*_prompt(11, 1), GREEDY), (*_prompt(12, 2), SamplingParams(temperature=0.8, seed=3, max_tokens=8,
+                                                                          ignore_eos=True, stop_token_ids=PLACEHOLDERS)),
+            (text_ids(np.random.default_rng(13), 30), None, GREEDY)]
+    want = [_run(alone, p, sp, **({"images": im} if im else {})).token_ids for p, im, sp in work]
+    handles = [engine.submit(p, sp, **({"images": im} if im else {})) for p, im, sp in work]
+    victim = handles[0].request_id
+    prompt = work[0][0]
+    start = prompt.index(VS) + 1
+    req = _reach_inside_media(engine, victim, start, start + 16)
+    before = engine.stats()
+    assert engine.core.pause(victim, route)
+    assert req.phase == PAUSED and req.paused_route == "replay"  # never a snapshot inside media
+    engine.check_integrity()
+    for _ in range(300):
+        engine.step()
+        engine.check_integrity()
+        if req.phase == "decode" and len(req.output) >= 2:
+            break
+    assert engine.core.pause(victim, route)
+    run_until_done(engine, handles)
+    for h, w in zip(handles, want):
+        assert h.result().token_ids == w
+    stats = engine.stats()
+    assert stats["resumes_replay"] > before["resumes_replay"]
+    if route == "snapshot":
+        assert stats["resumes_snapshot"] >= 1
+    if cache_bytes == 0:
+        assert stats["vision_reencodes"] >= 1 and stats["media_cache_bytes"] == 0
+    assert_idle_and_empty(engine)
+
+
+def test_bad_media_is_refused_before_any_work(vl, tiny_model):
+    engine = _engine(vl)
+    prompt, images = _prompt(3)
+    with pytest.raises(RequestError, match="placeholder"):
+        engine.submit(prompt, GREEDY, images=images + images)  # two images, one run
+    with pytest.raises(RequestError, match="pixel_values"):
+        engine.submit(prompt, GREEDY, images=[(np.zeros((3, 5), np.float32), GRID)])
+    with pytest.raises(RequestError, match="inside a media item"):
+        engine.submit(prompt, GREEDY, images=images, anchors=[prompt.index(VS) + 3])
+    text_only = make_engine(tiny_model)
+    with pytest.raises(MediaNotSupportedError, match="text-only"):
+        text_only.submit([1, 2, 3], GREEDY, images=images)
+    assert text_only.stats()["requests_submitted"] == 0
+    got = _run(engine, prompt, images=images)  # the engine goes on serving
+    assert got.token_ids
+    assert engine.stats()["requests_submitted"] == 1
+    assert_idle_and_empty(engine)
