@@ -15,6 +15,7 @@ BENCHES = {
     "preempt": "ninfer_jax.bench.preempt_bench",
     "spec": "ninfer_jax.bench.spec_bench",
     "vs_hf": "ninfer_jax.bench.vs_hf_bench",
+    "vision": "ninfer_jax.bench.vision_bench",
 }
 
 

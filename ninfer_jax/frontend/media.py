@@ -209,6 +209,45 @@ def sample_frame_indices(total: int, source_fps: float, settings: ProcessorSetti
     return np.linspace(0, total - 1, num).round().astype(int)
 
 
+DEFAULT_ANIMATION_FPS = 10.0  # an animated image whose frames carry no duration
+
+
+def decode_animation(data: bytes, *, max_input_pixels: int = MAX_INPUT_PIXELS,
+                     max_input_frames: int | None = None) -> tuple[list, float]:
+    """A video file Pillow decodes (an animated GIF, WebP or PNG) -> its frames (PIL images, made
+    RGB by `prepare_video` like any image) and its frame rate (from the frames' mean duration). Other video formats (MP4, WebM, ...) need a
+    decoder library this project does not install: `UnsupportedMediaError`, with the way out."""
+    from PIL import Image, ImageSequence, UnidentifiedImageError
+
+    if not isinstance(data, (bytes, bytearray, memoryview)) or not len(data):
+        raise UndecodableMediaError("empty or missing video data")
+    try:
+        image = Image.open(io.BytesIO(bytes(data)))
+    except Image.DecompressionBombError as e:
+        raise TooManyPixelsError(str(e), pixels=-1, limit=max_input_pixels) from e
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        raise UnsupportedMediaError("a video file must be an animated GIF, WebP or PNG (decoding MP4, WebM and "
+                                    "other video formats needs a decoder library that is not installed): give "
+                                    f"the video as a list of frames ({e})") from e
+    total = getattr(image, "n_frames", 1)
+    if total < 2:
+        raise UnsupportedMediaError(f"a {image.format} with one frame is an image, not a video")
+    if max_input_frames is not None and total > max_input_frames:
+        raise TooManyFramesError(f"{total} frames over the limit of {max_input_frames}", frames=total,
+                                 limit=max_input_frames)
+    _check_pixels(image.height, image.width, max_input_pixels)
+    _check_aspect(image.height, image.width)
+    frames, durations = [], []
+    try:
+        for frame in ImageSequence.Iterator(image):
+            durations.append(frame.info.get("duration") or 0)
+            frames.append(frame.copy())
+    except (OSError, ValueError, SyntaxError, EOFError) as e:
+        raise UndecodableMediaError(f"corrupt or truncated {image.format}: {e}") from e
+    mean_ms = sum(durations) / len(durations)
+    return frames, (1000.0 / mean_ms if mean_ms > 0 else DEFAULT_ANIMATION_FPS)
+
+
 def prepare_image(data: Any, settings: ProcessorSettings | None = None, *,
                   max_input_pixels: int = MAX_INPUT_PIXELS) -> PreparedImage:
     """One image -> its pixel_values, grid_thw and digest (see the module docstring)."""

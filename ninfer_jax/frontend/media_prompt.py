@@ -28,9 +28,10 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .errors import MediaNotSupportedError, MediaPlaceholderError, TooManyFramesError, UnsupportedMediaError
+from .errors import MediaNotSupportedError, MediaPlaceholderError, TooManyFramesError
 from .identity import MediaRange
-from .media import PreparedImage, ProcessorSettings, prepare_image, prepare_video
+from .media import (PreparedImage, ProcessorSettings, decode_animation, prepare_image, prepare_video,
+                    sample_frame_indices)
 from .media_sources import MediaPart, MediaPolicy, resolve_source
 from .tokenizer import Tokenizer
 
@@ -70,11 +71,10 @@ class PromptMedia:
         return self.part.kind
 
 
-def _timestamps(frames: int, fps: float, temporal: int) -> list[float]:
+def _timestamps(indices: list[int], fps: float, temporal: int) -> list[float]:
     """Per temporal patch group, the mean time of its first and last frame (the reference's
-    `_calculate_timestamps` over frame indices 0..frames-1)."""
-    indices = list(range(frames))
-    indices += [indices[-1]] * (-frames % temporal)
+    `_calculate_timestamps`: frame index i at i / fps; the last repeated to fill the group)."""
+    indices = list(indices) + [indices[-1]] * (-len(indices) % temporal)
     times = [i / fps for i in indices]
     return [(times[i] + times[i + temporal - 1]) / 2 for i in range(0, len(times), temporal)]
 
@@ -86,14 +86,11 @@ def prepare_media(parts: Sequence[MediaPart], tokenizer: Tokenizer, ids: VisionT
     every source is read before any is decoded."""
     frame_limit = policy.max_input_frames if policy.max_input_frames is not None else video_settings.max_frames
     for p in parts:
-        if p.kind == "video" and p.source is not None:
-            raise UnsupportedMediaError("decoding a video file is not available: give the video as a list of frames "
-                                        '({"type": "video", "video": [frame, ...], "fps": ...})')
         if p.kind == "video" and frame_limit is not None and len(p.frames) > frame_limit:
             raise TooManyFramesError(f"{len(p.frames)} frames over the limit of {frame_limit}",
                                      frames=len(p.frames), limit=frame_limit)
-    data = [[resolve_source(s, policy) for s in p.frames] if p.kind == "video" else resolve_source(p.source, policy)
-            for p in parts]
+    data = [[resolve_source(s, policy) for s in p.frames] if p.kind == "video" and p.source is None
+            else resolve_source(p.source, policy, video=p.kind == "video") for p in parts]
     timestamp_ids: dict[str, tuple[int, ...]] = {}
     out = []
     for p, raw in zip(parts, data):
@@ -102,10 +99,17 @@ def prepare_media(parts: Sequence[MediaPart], tokenizer: Tokenizer, ids: VisionT
             t, h, w = prepared.grid_thw
             tokens = (ids.pads["image"],) * (t * h * w // image_settings.merge_size ** 2)
         else:
+            if p.source is not None:  # a video file: decoded, then sampled as the reference does
+                decoded, fps = decode_animation(raw, max_input_pixels=policy.max_input_pixels,
+                                                max_input_frames=frame_limit)
+                indices = [int(i) for i in sample_frame_indices(len(decoded), fps, video_settings)]
+                raw = [decoded[i] for i in indices]
+            else:  # frames as given, already sampled
+                indices, fps = list(range(len(raw))), p.fps or DEFAULT_VIDEO_FPS
             prepared = prepare_video(raw, video_settings, max_input_frames=frame_limit,
                                      max_input_pixels=policy.max_input_pixels)
             t, h, w = prepared.grid_thw
-            times = _timestamps(len(raw), p.fps or DEFAULT_VIDEO_FPS, video_settings.temporal_patch_size)
+            times = _timestamps(indices, fps, video_settings.temporal_patch_size)
             assert len(times) == t, (len(times), prepared.grid_thw)  # every frame is taken: t = ceil(frames / T)
             run = (ids.vision_start, *(ids.pads["video"],) * (h * w // video_settings.merge_size ** 2), ids.vision_end)
             seq: list[int] = []

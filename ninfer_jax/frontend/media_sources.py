@@ -3,7 +3,8 @@
 A chat message names its media by URL (or, from Python, by raw bytes); `resolve_source` turns
 one such source into bytes, or refuses it with a typed `MediaSourceError` before anything is read:
 
-* `data:<mime>;base64,<data>`: the mime type must be `image/...`; the encoded length is checked
+* `data:<mime>;base64,<data>`: the mime type must be `image/...` (a video file: or `video/...`);
+  the encoded length is checked
   against `max_bytes` before decoding, and the data must be strict base64 (whitespace aside);
 * `file:///path`: only with `allowed_local_media_path` set, and only for a regular file inside
   that folder once every symlink and `..` is resolved (the folder itself resolved too); the file
@@ -89,8 +90,9 @@ def _describe(source: str) -> str:
     return source if len(source) <= 80 else source[:77] + "..."
 
 
-def resolve_source(source: str | bytes, policy: MediaPolicy) -> bytes:
-    """The bytes of one image (or video frame) source; see the module docstring."""
+def resolve_source(source: str | bytes, policy: MediaPolicy, video: bool = False) -> bytes:
+    """The bytes of one image (or video frame) source; `video`: a video file, whose data URL
+    may also be of a `video/...` type. See the module docstring."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         _check_size(len(data), policy, "raw media bytes")
@@ -99,7 +101,7 @@ def resolve_source(source: str | bytes, policy: MediaPolicy) -> bytes:
         raise MediaSourceError(f"a media source is a URL string or bytes, got {type(source).__name__}")
     scheme = source.split(":", 1)[0].lower() if ":" in source else ""
     if scheme == "data":
-        return _data_url(source, policy)
+        return _data_url(source, policy, video)
     if scheme == "file":
         return _file_url(source, policy)
     if scheme in ("http", "https"):
@@ -115,14 +117,15 @@ def _check_size(size: int, policy: MediaPolicy, what: str) -> None:
                                  size=size, limit=policy.max_bytes)
 
 
-def _data_url(url: str, policy: MediaPolicy) -> bytes:
+def _data_url(url: str, policy: MediaPolicy, video: bool = False) -> bytes:
     match = _DATA_URL.match(url)
     if match is None:
         raise MediaSourceError("a data URL needs the form data:<mime>;base64,<data>")
     mime = match.group("mime").strip().lower()
     params = [p.strip().lower() for p in match.group("params").split(";") if p.strip()]
-    if not mime.startswith("image/"):
-        raise MediaSourceError(f"a data URL of mime type {mime or '(none)'!r}, expected image/...")
+    if not (mime.startswith("image/") or (video and mime.startswith("video/"))):
+        raise MediaSourceError(f"a data URL of mime type {mime or '(none)'!r}, expected "
+                               + ("image/... or video/..." if video else "image/..."))
     if "base64" not in params:
         raise MediaSourceError("a data URL must be base64-encoded (;base64,)")
     encoded = _WHITESPACE.sub(b"", match.group("data").encode("ascii", "replace"))

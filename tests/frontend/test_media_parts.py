@@ -200,6 +200,29 @@ def test_video_frames_expand_per_temporal_group(front, vision_tok):
     assert p.token_ids[r.start - 1] == vs and p.token_ids[r.end] == ve  # the template's outer wrapper
 
 
+def test_an_animated_gif_is_a_video_file_sampled_as_the_reference(front, vision_tok):
+    """A video file Pillow decodes (an animated GIF: 12 frames of 250 ms, 4 fps) is sampled at the
+    processor's 2 fps (`sample_frame_indices`: 6 frames, indices 0, 2, 4, 7, 9, 11) and stamped
+    with those frames' own times (index / 4 fps), as the reference's video processor does."""
+    from PIL import ImageSequence
+
+    rng = np.random.default_rng(3)
+    frames = [Image.fromarray(rng.integers(0, 256, (64, 96, 3), np.uint8)) for _ in range(12)]
+    buf = io.BytesIO()
+    frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:], duration=250, loop=0)
+    p = front.render_chat(_user({"type": "video_url", "video_url": {"url": _data_url(buf.getvalue(), "image/gif")}}))
+    (r,) = p.media_ranges
+    decoded = [f.copy() for f in ImageSequence.Iterator(Image.open(io.BytesIO(buf.getvalue())))]
+    indices = [0, 2, 4, 7, 9, 11]
+    want = prepare_video([decoded[i] for i in indices], ProcessorSettings.video_defaults())
+    assert r.kind == "video" and r.digest == want.digest
+    np.testing.assert_array_equal(p.media[0].pixel_values, want.pixel_values)
+    text = vision_tok.decode(p.token_ids[r.start:r.end])
+    stamps = [f"<{(indices[g] + indices[g + 1]) / 2 / 4.0:.1f} seconds>" for g in range(0, 6, 2)]
+    assert stamps == ["<0.2 seconds>", "<1.4 seconds>", "<2.5 seconds>"]
+    assert [text.index(s) for s in stamps] == sorted(text.index(s) for s in stamps)
+
+
 # --- against transformers' processor --------------------------------------------------------
 
 def _reference_processor(tok_file, video_processor=None):
@@ -308,8 +331,10 @@ def test_policy_limits(vision_tok, media_dir):
     few = ChatFrontend(vision_tok, media_policy=MediaPolicy(max_input_frames=2))
     with pytest.raises(TooManyFramesError):
         few.render_chat(_user({"type": "video", "video": [_data_url(png)] * 3}))
-    with pytest.raises(UnsupportedMediaError):   # a video file: no decoder yet
+    with pytest.raises(UnsupportedMediaError, match="decoder library"):   # MP4: no decoder installed
         few.render_chat(_user({"type": "video_url", "video_url": {"url": _data_url(b"x", "video/mp4")}}))
+    with pytest.raises(UnsupportedMediaError, match="one frame"):   # a still image is not a video file
+        few.render_chat(_user({"type": "video_url", "video_url": {"url": _data_url(png)}}))
 
 
 def test_policy_is_checked():
