@@ -27,8 +27,8 @@ flags.DEFINE_integer("media_cache_bytes", None, "Engine: bytes of vision tower o
                      "cache; default 256 MiB, 0: none), apart from the Host context capacity.")
 flags.DEFINE_string("allowed_local_media_path", None, "Engine: file:// image URLs are read only under this folder "
                     "(default: no local files).")
-flags.DEFINE_bool("allow_media_urls", False, "Engine: accept http(s) image URLs (fetching them is not available "
-                  "yet: they are refused with that reason instead of as disallowed).")
+flags.DEFINE_bool("allow_media_urls", False, "Engine: fetch http(s) image and video URLs (at most the media byte "
+                  "limit, 10 s per connection and read); without it no network connection is opened.")
 flags.DEFINE_integer("max_input_pixels", None, "Engine: the most pixels of one image or video frame (default "
                      "8192 x 8192).")
 flags.DEFINE_integer("max_input_frames", None, "Engine: the most frames of one video (default: the checkpoint's "

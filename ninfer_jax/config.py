@@ -66,7 +66,7 @@ class MediaConfig:
 
     cache_bytes: int = DEFAULT_MEDIA_CACHE_BYTES
     allowed_local_media_path: str | None = None  # file:// URLs only under this folder
-    allow_remote_urls: bool = False  # http(s) URLs; fetching them is not available yet
+    allow_remote_urls: bool = False  # fetch http(s) URLs (size-capped, with a timeout); else refused
     max_input_pixels: int | None = None  # per image or video frame, read from its header
     max_input_frames: int | None = None  # per video (None: the video processor's max_frames)
 

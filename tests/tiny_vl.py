@@ -163,3 +163,28 @@ def save_vl_folder(folder, kind: str = "qwen3_5"):
     (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
     (folder / "video_preprocessor_config.json").write_text(json.dumps(VIDEO_PREPROCESSOR))
     return model
+
+
+def add_random_mtp(folder, seed: int = 5) -> None:
+    """Give a saved VL checkpoint a complete random MTP head (one layer, the hub's `mtp.*` names)
+    and declare it in config.json (`text_config.mtp_num_hidden_layers`)."""
+    import json
+    from pathlib import Path
+
+    import jax
+    from safetensors.numpy import load_file, save_file
+
+    from ninfer_jax.model.config import load_config
+    from ninfer_jax.model.modules import init_params
+    from ninfer_jax.model.weights import hf_tensors
+
+    folder = Path(folder)
+    raw = json.loads((folder / "config.json").read_text())
+    raw["text_config"]["mtp_num_hidden_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(raw))
+    cfg = load_config(str(folder))
+    params, mtp = init_params(cfg, seed=seed)
+    to_np = lambda tree: jax.tree.map(lambda a: np.asarray(a, np.float32), tree)  # noqa: E731
+    head = {k: v for k, v in hf_tensors(to_np(params), to_np(mtp), cfg).items() if k.startswith("mtp.")}
+    tensors = load_file(str(folder / "model.safetensors"))
+    save_file(dict(tensors, **head), str(folder / "model.safetensors"))

@@ -10,8 +10,8 @@ declared by every Program as a member with an explicit "not here" value —
     step_seconds        the Program's own count of time inside its compiled steps; None when it
                         keeps none (the engine then times each call itself, `_compute`);
     model               the loaded model; None for a Program without weights (the cost model);
-    takes_media         whether its steps take images and videos (a vision tower, no speculative
-                        decoding); False: the engine refuses media at the boundary.
+    takes_media         whether its steps take images and videos (a vision tower); False: the
+                        engine refuses media at the boundary.
 
 A Program that `takes_media` prefills with the chunk's media inputs (`media=`, engine/media.py),
 decodes rows with their rotary position (`DecodeRow.rope`) and runs the tower (`encode_media`).

@@ -68,7 +68,9 @@ class Execution:
         position leaves nothing that is ever read."""
         wanted = [self._drafts(r) for r in rows]
         logits, drafts = self._compute(self.program.spec_decode,
-                                       [DecodeRow(r.output[-1], r.fed, r.pages, r.slot, r.mtp_pages) for r in rows],
+                                       [DecodeRow(r.output[-1], r.fed, r.pages, r.slot, r.mtp_pages,
+                                                  r.media.decode_rope(r.fed) if r.media is not None else None)
+                                        for r in rows],
                                        wanted)
         self.counters["decode_steps"] += 1
         now = self.program.clock()

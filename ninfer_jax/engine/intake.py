@@ -61,9 +61,6 @@ def media_refusal(config: EngineConfig, has_vision: bool) -> str:
     """Why this engine takes no images or videos ("" when it takes them)."""
     if not has_vision:
         return f"{config.model} is a text-only checkpoint (it holds no vision tower): it takes no images or videos"
-    if config.speculative_tokens:
-        return "speculative decoding (speculative_tokens > 0) does not take images or videos yet: serve media " \
-               "with speculative_tokens=0"
     return ""
 
 

@@ -130,12 +130,18 @@ class RequestMedia:
         covered item's tower tokens come from `embed_of(item)` (the media cache)."""
         rope = np.zeros((3, width), np.int32)
         rope[:, :n] = self.rotary(start, n)
+        mtp_rope = np.zeros((3, width), np.int32)  # index start-1+t: its token's position (-1: never read)
+        if start > 0:
+            mtp_rope[:, :n] = self.rotary(start - 1, n)
+        else:
+            mtp_rope[:, 0] = -1
+            mtp_rope[:, 1:n] = rope[:, :n - 1]
         src = np.full(width, -1, np.int64)
         inside = max(0, min(start + n, self.length) - start)
         src[:inside] = self.source[start:start + inside]
         rows = src >= 0
         if not rows.any():
-            return ChunkMedia(jnp.zeros((width, hidden), dtype), rows, rope)
+            return ChunkMedia(jnp.zeros((width, hidden), dtype), rows, rope, mtp_rope)
         items = self.items_in(start, start + inside)
         parts, base, local = [], 0, np.zeros(width, np.int64)
         for i in items:
@@ -147,7 +153,7 @@ class RequestMedia:
         media = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
         embeds = jnp.where(jnp.asarray(rows)[:, None], jnp.take(media, jnp.asarray(local), axis=0).astype(dtype),
                            jnp.zeros((), dtype))
-        return ChunkMedia(embeds, rows, rope)
+        return ChunkMedia(embeds, rows, rope, mtp_rope)
 
     def decode_rope(self, cache_position: int) -> int:
         """The rotary position of the (text) token at `cache_position` >= the prompt's length."""

@@ -119,7 +119,8 @@ class MediaTooLargeError(MediaSourceError):
 
 
 class RemoteMediaUnavailableError(MediaSourceError):
-    """An http(s) media URL the policy allows, but fetching remote media is not available yet."""
+    """An http(s) media URL the policy allows could not be fetched (unreachable, an HTTP error, a
+    timeout, a body that is not an image)."""
 
     code = "remote_media_unavailable"
 

@@ -11,8 +11,9 @@ one such source into bytes, or refuses it with a typed `MediaSourceError` before
   is opened by its resolved path without following a last-moment symlink, and read up to
   `max_bytes`;
 * raw bytes (Python callers): taken as they are, up to `max_bytes`;
-* `http://`, `https://`: refused unless `allow_remote_urls`; even then fetching remote media is
-  not available yet (`RemoteMediaUnavailableError`): this frontend opens no network connection;
+* `http://`, `https://`: refused unless `allow_remote_urls`; then fetched (`_fetch`) with
+  `max_bytes` and `fetch_timeout_s`, an image (or video) content type required; a failure is a
+  `RemoteMediaUnavailableError`. Without the permission no network connection is ever opened;
 * anything else (a bare path, another scheme): refused.
 
 Decoding the bytes into pixels is frontend/media.py's job (`prepare_image`), which checks the
@@ -59,7 +60,7 @@ class MediaPolicy:
     """What media a request may bring, and from where.
 
     `allowed_local_media_path`: the folder `file://` URLs may read from (None: no local files);
-    `allow_remote_urls`: whether http(s) URLs are accepted at all (fetching is not available yet);
+    `allow_remote_urls`: whether http(s) URLs are fetched at all (`fetch_timeout_s` each);
     `max_bytes`: the most bytes one source (an image, a video frame) may hold;
     `max_input_pixels`: the most pixels of one image or frame, read from its header;
     `max_input_frames`: the most frames of one video (None: the processor's `max_frames`);
@@ -73,6 +74,7 @@ class MediaPolicy:
     max_input_frames: int | None = None
     enabled: bool = True
     why: str = ""
+    fetch_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_input_pixels", "max_input_frames"):
@@ -81,6 +83,9 @@ class MediaPolicy:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(name, f"must be a positive integer, got {value!r}")
+        t = self.fetch_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise ConfigError("fetch_timeout_s", f"must be a positive number of seconds, got {t!r}")
         folder = self.allowed_local_media_path
         if folder is not None and (not isinstance(folder, (str, os.PathLike)) or not str(folder)):
             raise ConfigError("allowed_local_media_path", f"must be a folder path or None, got {folder!r}")
@@ -107,8 +112,42 @@ def resolve_source(source: str | bytes, policy: MediaPolicy, video: bool = False
     if scheme in ("http", "https"):
         if not policy.allow_remote_urls:
             raise MediaSourceError(f"remote media URLs are not allowed: {_describe(source)}")
-        raise RemoteMediaUnavailableError(f"fetching remote media is not available yet: {_describe(source)}")
+        return _fetch(source, policy, video)
     raise MediaSourceError(f"unsupported media source {_describe(source)!r} (give a data: or file:// URL)")
+
+
+def _fetch(url: str, policy: MediaPolicy, video: bool) -> bytes:
+    """GET an http(s) URL the policy allows: at most `max_bytes` read (a larger body, declared
+    or not, is refused without reading the rest), `fetch_timeout_s` for the connection and each
+    read, no redirect to another scheme, an `image/...` (or, for a video, `video/...`) body.
+    Any failure to fetch is a `RemoteMediaUnavailableError` naming why."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"User-Agent": "ninfer-jax"})
+    try:
+        with urllib.request.urlopen(request, timeout=policy.fetch_timeout_s) as response:  # noqa: S310 (http(s) only)
+            final = response.geturl()
+            if final.split(":", 1)[0].lower() not in ("http", "https"):
+                raise RemoteMediaUnavailableError(f"{_describe(url)} redirected to a non-http URL")
+            mime = (response.headers.get_content_type() or "").lower()
+            if not (mime.startswith("image/") or (video and mime.startswith("video/"))
+                    or mime == "application/octet-stream"):
+                raise RemoteMediaUnavailableError(f"{_describe(url)} answered with content type {mime!r}, "
+                                                  f"expected image/..." + (" or video/..." if video else ""))
+            declared = response.headers.get("Content-Length")
+            if declared is not None and declared.isdigit():
+                _check_size(int(declared), policy, _describe(url))
+            data = response.read(policy.max_bytes + 1)
+    except MediaSourceError:
+        raise
+    except (urllib.error.URLError, OSError, ValueError) as e:  # refused, unreachable, HTTP error, timeout
+        reason = getattr(e, "reason", None) or e
+        raise RemoteMediaUnavailableError(f"could not fetch {_describe(url)}: {reason}") from None
+    _check_size(len(data), policy, _describe(url))
+    if not data:
+        raise RemoteMediaUnavailableError(f"{_describe(url)} answered with an empty body")
+    return data
 
 
 def _check_size(size: int, policy: MediaPolicy, what: str) -> None:

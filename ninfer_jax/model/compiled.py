@@ -37,7 +37,8 @@ from ninfer_jax.model.steps import decode_step, prefill_chunk
 # The pools each step donates (argument positions after the params' leaves at 0): what the
 # engine's CompiledSteps and `ninfer lower` both jit, from this one table.
 _DONATED = {"prefill": (1, 2), "decode": (1, 2), "prefill_spec": (1, 2, 3), "spec_decode": (1, 3),
-            "spec_commit": (1, 2), "prefill_media": (1, 2), "decode_media": (1, 2)}
+            "spec_commit": (1, 2), "prefill_media": (1, 2), "decode_media": (1, 2),
+            "prefill_spec_media": (1, 2, 3), "spec_decode_media": (1, 3), "spec_commit_media": (1, 2)}
 
 
 def prefill_media(params, kv, state, tokens, start_pos, lengths, page_table, slots, embeds, embed_rows, rope,
@@ -52,13 +53,33 @@ def decode_media(params, kv, state, tokens, positions, page_table, slots, rope, 
     return decode_step(params, kv, state, tokens, positions, page_table, slots, rope=rope, **kw)
 
 
+def prefill_spec_media(params, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots, embeds,
+                       embed_rows, rope, mtp_rope, **kw):
+    """`spec_steps.prefill_spec` with its media inputs positional."""
+    return spec_steps.prefill_spec(params, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots,
+                                   embeds=embeds, embed_rows=embed_rows, rope=rope, mtp_rope=mtp_rope, **kw)
+
+
+def spec_decode_media(params, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted, delta, **kw):
+    """`spec_steps.spec_decode` with the rows' rotary offsets `delta` positional."""
+    return spec_steps.spec_decode(params, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted,
+                                  delta=delta, **kw)
+
+
+def spec_commit_media(params, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots, delta, **kw):
+    """`spec_steps.spec_commit` with the rows' rotary offsets `delta` positional."""
+    return spec_steps.spec_commit(params, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots,
+                                  delta=delta, **kw)
+
+
 def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = None):
     """The jitted step `kind` (prefill, decode, prefill_spec, spec_decode with `k` drafts,
     spec_commit, prefill_media, decode_media) of a model split into `merger` and leaves, its
     pools donated (_DONATED)."""
     fn = {"prefill": prefill_chunk, "decode": decode_step, "prefill_spec": spec_steps.prefill_spec,
           "spec_decode": functools.partial(spec_steps.spec_decode, k=k), "spec_commit": spec_steps.spec_commit,
-          "prefill_media": prefill_media, "decode_media": decode_media}[kind]
+          "prefill_media": prefill_media, "decode_media": decode_media, "prefill_spec_media": prefill_spec_media,
+          "spec_decode_media": functools.partial(spec_decode_media, k=k), "spec_commit_media": spec_commit_media}[kind]
     static = ("all_logits",) if kind in ("prefill", "prefill_media") else ()
     return jax.jit(functools.partial(fn, cfg=cfg, backend=backend, merger=merger), static_argnames=static,
                    donate_argnums=_DONATED[kind])
@@ -181,23 +202,36 @@ class CompiledSteps:
         mtp = MTPSteps.for_model(self.model, self.backend)
         self.speculative_tokens = k
         self._spec_leaves = mtp.leaves
+        self._spec_merger = mtp.merger
         cfg, backend = self.model.config, self.backend
-        self._spec_prefill = jit_step("prefill_spec", cfg, backend, mtp.merger)
-        self._spec_decode = jit_step("spec_decode", cfg, backend, mtp.merger, k)
-        self._spec_commit = jit_step("spec_commit", cfg, backend, mtp.merger)
+        self._spec = {kind: jit_step(kind, cfg, backend, mtp.merger, k)
+                      for kind in ("prefill_spec", "spec_decode", "spec_commit")}
 
-    def prefill_spec(self, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots):
+    def _spec_step(self, kind: str):
+        """The speculative step `kind`; a media variant is jitted at its first call."""
+        if kind not in self._spec:
+            self._spec[kind] = jit_step(kind, self.model.config, self.backend, self._spec_merger,
+                                        self.speculative_tokens)
+        return self._spec[kind]
+
+    def prefill_spec(self, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots, *,
+                     media=None):
+        """`media`: (embeds, embed_rows, rope, mtp_rope) of a chunk with media (issue 34), its own
+        executable ("prefill_spec_media")."""
         args = (self._spec_leaves, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots)
-        return self._run("prefill_spec", self._spec_prefill, args, {},
-                         lambda kv, state, mtp, tokens, start, lengths, table, mtp_table, slots, cfg:
-                         check_prefill_args(kv, state, tokens, start, lengths, table, slots, cfg))
+        kind = "prefill_spec" if media is None else "prefill_spec_media"
+        return self._run(kind, self._spec_step(kind), args + tuple(media or ()), {},
+                         lambda *a: check_prefill_args(a[0], a[1], a[3], a[4], a[5], a[6], a[8], a[-1]))
 
-    def spec_decode(self, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted):
+    def spec_decode(self, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted, *, delta=None):
+        """`delta` `[B]`: the rows' rotary minus cache positions (media), its own executable."""
         args = (self._spec_leaves, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted)
-        return self._run("spec_decode", self._spec_decode, args, {},
-                         lambda kv, state, mtp, tokens, positions, table, mtp_table, slots, wanted, cfg:
-                         check_decode_args(kv, state, tokens, positions, table, slots, cfg))
+        kind = "spec_decode" if delta is None else "spec_decode_media"
+        return self._run(kind, self._spec_step(kind), args + (() if delta is None else (delta,)), {},
+                         lambda *a: check_decode_args(a[0], a[1], a[3], a[4], a[5], a[7], a[-1]))
 
-    def spec_commit(self, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots):
+    def spec_commit(self, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots, *, delta=None):
         args = (self._spec_leaves, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots)
-        return self._run("spec_commit", self._spec_commit, args, {}, lambda *a: None)
+        kind = "spec_commit" if delta is None else "spec_commit_media"
+        return self._run(kind, self._spec_step(kind), args + (() if delta is None else (delta,)), {},
+                         lambda *a: None)

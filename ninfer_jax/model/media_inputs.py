@@ -39,10 +39,12 @@ class ChunkMedia(NamedTuple):
     """One row of a prefill chunk's media inputs, padded to the chunk's width W: `embeds`
     `[W, H]` (zeros outside the placeholders), `embed_rows` `[W]` bool, `rope` `[3, W]` int32
     (zeros past the chunk's tokens). Stack rows on axis 0 (rope: axis 1) for the steps'
-    `[R, T, H]`, `[R, T]`, `[3, R, T]`."""
+    `[R, T, H]`, `[R, T]`, `[3, R, T]`. `mtp_rope` `[3, W]` (speculative decoding): the rotary
+    triples of the MTP indices start-1 .. (each token's predecessor's position)."""
     embeds: jax.Array
     embed_rows: np.ndarray
     rope: np.ndarray
+    mtp_rope: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -111,29 +111,40 @@ def check_mtp_draft_args(pool, final, tokens, positions, page_table, cfg: ModelC
 
 # ---- the steps -----------------------------------------------------------------------------
 
-def mtp_chunk(lm, pool, final, next_tokens, start_pos, lengths, page_table, cfg, backend):
+def mtp_chunk(lm, pool, final, next_tokens, start_pos, lengths, page_table, cfg, backend, *, rope=None,
+              embeds=None, embed_rows=None):
     """MTP indices start_pos[r] + t, t < lengths[r]: final `[R, T, H]`, next_tokens `[R, T]` →
-    (MTP output hidden `[R, T, H]` after mtp.norm, pool with their K/V written)."""
+    (MTP output hidden `[R, T, H]` after mtp.norm, pool with their K/V written).
+
+    Media (issue 34): `rope` `[3, R, T]` the indices' rotary triples (None: the indices), and
+    `embeds` `[R, T, H]` in place of the next tokens' embeddings where `embed_rows` is set (the
+    tower's tokens, as the main model takes them)."""
     head = lm.mtp
     positions = start_pos[:, None] + jnp.arange(next_tokens.shape[1])[None, :]
     valid = jnp.arange(next_tokens.shape[1])[None, :] < lengths[:, None]  # [R, T]
-    x = head.fuse(final, lm.embed_tokens(next_tokens))
+    emb = lm.embed_tokens(next_tokens)
+    if embeds is not None:
+        emb = jnp.where(embed_rows[..., None], embeds.astype(emb.dtype), emb)
+    x = head.fuse(final, emb)
     ks, vs = list(pool["k"]), list(pool["v"])
     for i, layer in enumerate(head.layers):
         h, ks[i], vs[i] = mtp_attention(layer, layer.mixer_norm(x), positions, ks[i], vs[i], page_table,
-                                        start_pos, lengths, cfg, backend)
+                                        start_pos, lengths, cfg, backend, rope)
         x = layer.feed_forward(x + h, valid)  # padding runs no expert
     return head.out_norm(x), {"k": tuple(ks), "v": tuple(vs)}
 
 
-def mtp_attention(layer, h, positions, k_pages, v_pages, page_table, start_pos, lengths, cfg, backend):
+def mtp_attention(layer, h, positions, k_pages, v_pages, page_table, start_pos, lengths, cfg, backend, rope=None):
     """The MTP layer's attention over its pages, index i stored at slot i + 1 (SLOT_SHIFT): RoPE
     at the index, causal over indices 0..i. The shift puts index i — (main hidden i, token i+1) —
     in the page of main position i+1, so the MTP K/V of a context ends where its Main KV ends
     and a row writes MTP K/V only at slots >= its execution frontier, in pages it owns (a cached
     point's shared full pages are never written, whatever frontier it is adopted at). The slot
     gather runs the XLA path on every backend: one MTP layer, the main layers keep the kernel."""
-    q, k, v, gate = layer.attention_project(h, positions)
+    if rope is None:
+        q, k, v, gate = layer.attention_project(h, positions)
+    else:  # M-RoPE triples (a request with media)
+        q, k, v, gate = layer.attention_project(h, rope, triples=True)
     k_pages, v_pages = paged_attention.write_kv(k_pages, v_pages, k, v, page_table, start_pos + SLOT_SHIFT,
                                                 lengths, backend=backend)
     o = paged_attention.prefill_attention_reference(q, k_pages, v_pages, page_table, start_pos, lengths,

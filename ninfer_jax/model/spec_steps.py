@@ -37,29 +37,46 @@ MTP_POOL = "backend_kv:mtp"  # the ledger pool id of the MTP layers' K/V (RES-1 
 
 
 def prefill_spec(params, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots, *,
-                 cfg: ModelConfig, merger, backend: str = "xla"):
+                 cfg: ModelConfig, merger, backend: str = "xla", embeds=None, embed_rows=None, rope=None,
+                 mtp_rope=None):
     """`prefill_chunk`'s arguments plus the MTP pool and table; also writes the chunk's MTP K/V
     (slots start..end-1). A row starting at 0 writes slot 0 from a zero hidden: slot 0 is never
-    read (SLOT_SHIFT). Returns (logits, hidden, kv, state, mtp)."""
+    read (SLOT_SHIFT). Returns (logits, hidden, kv, state, mtp).
+
+    Media (issue 34, each None for text): `embeds`, `embed_rows`, `rope` as `prefill_chunk`
+    takes them; the MTP layers take the same embeddings for their next tokens (the chunk's) and
+    `mtp_rope` `[3, R, T]`, the rotary triples of their indices start-1 .. end-2."""
     lm = merger(params)
     prev = page_copy.gather(state["hidden"], jnp.where(start_pos > 0, slots, -1), backend=backend)
     logits, last, kv, state, final = prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table,
                                                    slots, cfg=cfg, backend=backend, merger=merger, with_final=True,
-                                                   write_hidden=False)
+                                                   write_hidden=False, embeds=embeds, embed_rows=embed_rows,
+                                                   rope=rope)
     hidden = jnp.concatenate([prev[:, None].astype(final.dtype), final[:, :-1]], axis=1)
-    _, mtp = mtp_chunk(lm, mtp, hidden, tokens, start_pos - 1, lengths, mtp_table, cfg, backend)
+    _, mtp = mtp_chunk(lm, mtp, hidden, tokens, start_pos - 1, lengths, mtp_table, cfg, backend, rope=mtp_rope,
+                       embeds=embeds, embed_rows=embed_rows)
     state = write_hidden_state(state, slots, lengths, last, backend=backend, read=prev)  # in place after `prev`
     return logits, last, kv, state, mtp
 
 
+def _rotary(positions, delta, width: int):
+    """Text rotary triples `[3, B, width]` of positions p .. p+width-1 shifted by `delta` (equal
+    axes: bit-identical to the 1-D rotary of the shifted positions)."""
+    if delta is None:
+        return None
+    pos = (positions + delta)[:, None] + jnp.arange(width)[None, :]
+    return jnp.broadcast_to(pos[None], (3,) + pos.shape)
+
+
 def spec_decode(params, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted, *, k: int,
-                cfg: ModelConfig, merger, backend: str = "xla"):
+                cfg: ModelConfig, merger, backend: str = "xla", delta=None):
     """tokens `[B]` ledger[n], positions `[B]` the frontier n, slots `[B]` (negative: padding row),
     wanted `[B]` drafts to verify per row (0..k; 0 verifies ledger[n] alone, a plain decode).
 
     Returns (logits `[B, k+1, V]` of positions n..n+k, drafts `[B, k]`, final `[B, k+1, H]`,
     verified states, kv, mtp). Rows write Main KV at n..n+wanted and MTP slots
-    n..n+max(wanted,1)-1."""
+    n..n+max(wanted,1)-1. `delta` `[B]` (a request with media): rotary minus cache position of
+    the row's tokens (text after the prompt), for the MTP and Verify positions alike."""
     check_decode_args(kv, state, tokens, positions, page_table, slots, cfg)
     lm = merger(params)
     active = slots >= 0
@@ -68,7 +85,7 @@ def spec_decode(params, kv, state, mtp, tokens, positions, page_table, mtp_table
     for i in range(k):  # CKP-3: step 0 is the frontier−1 bridge, later steps recurse on MTP hiddens
         write = (active & ((i == 0) | (i < wanted))).astype(jnp.int32)
         out, mtp = mtp_chunk(lm, mtp, hidden[:, None], token[:, None], positions - 1 + i, write, mtp_table,
-                              cfg, backend)
+                              cfg, backend, rope=_rotary(positions - 1 + i, delta, 1))
         hidden = out[:, 0]
         token = jnp.argmax(lm.logits(hidden), axis=-1).astype(jnp.int32)
         drafts.append(token)
@@ -76,12 +93,13 @@ def spec_decode(params, kv, state, mtp, tokens, positions, page_table, mtp_table
     verify_tokens = jnp.concatenate([tokens[:, None], drafts], axis=1)
     lengths = jnp.where(active, wanted + 1, 0).astype(jnp.int32)
     logits, final, kv, verified = verify_step(params, kv, state, verify_tokens, positions, lengths, page_table,
-                                              slots, cfg=cfg, backend=backend, merger=merger)
+                                              slots, cfg=cfg, backend=backend, merger=merger,
+                                              rope=_rotary(positions, delta, k + 1))
     return logits, drafts, final, verified, kv, mtp
 
 
 def spec_commit(params, state, mtp, verified, final, drafts, positions, keep, mtp_table, slots, *,
-                cfg: ModelConfig, merger, backend: str = "xla"):
+                cfg: ModelConfig, merger, backend: str = "xla", delta=None):
     """Commit `keep[r]` accepted drafts of each row's Verify unit (keep <= wanted): the state after
     position n+keep into the slot, and MTP indices n..n+keep-1 from the main hiddens. Returns
     (state, mtp)."""
@@ -89,5 +107,6 @@ def spec_commit(params, state, mtp, verified, final, drafts, positions, keep, mt
     state = keep_verified(state, slots, verified, final, keep, backend=backend)
     k = drafts.shape[1]
     lengths = jnp.where(slots >= 0, keep, 0).astype(jnp.int32)
-    _, mtp = mtp_chunk(lm, mtp, final[:, :k], drafts, positions, lengths, mtp_table, cfg, backend)
+    _, mtp = mtp_chunk(lm, mtp, final[:, :k], drafts, positions, lengths, mtp_table, cfg, backend,
+                       rope=_rotary(positions, delta, k))
     return state, mtp

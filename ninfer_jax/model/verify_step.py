@@ -22,10 +22,11 @@ from pallas_kernels import conv1d, gdn, page_copy
 
 
 def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots, *, cfg: ModelConfig,
-                backend: str = "xla", merger=None):
+                backend: str = "xla", merger=None, rope=None):
     """tokens `[B, T]` (ledger[frontier] then the drafts), start_pos `[B]` the execution frontier,
     lengths `[B]` valid positions (0: padding row), page_table `[B, P]` into Main KV, slots `[B]`
-    the rows' StateImage slots (read, not written). `params`/`merger` as for `prefill_chunk`.
+    the rows' StateImage slots (read, not written). `params`/`merger` as for `prefill_chunk`;
+    `rope` `[3, B, T]`: the positions' rotary triples (a request with media), None: the positions.
 
     Returns (logits `[B, T, V]`, final `[B, T, H]` (final-normed hidden per position), kv,
     verified) with verified = {"conv": per GDN layer `[B, T, K-1, C]`, "recurrent": per GDN
@@ -57,7 +58,8 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
             recs.append(jnp.stack(rec_after, axis=1))
             lin += 1
         else:
-            h, kv = main_attention_chunk(layer, h, positions, kv, attn, page_table, start_pos, lengths, cfg, backend)
+            h, kv = main_attention_chunk(layer, h, positions, kv, attn, page_table, start_pos, lengths, cfg, backend,
+                                         rope)
             attn += 1
         x = layer.feed_forward(x + h, valid)  # padding runs no expert
     final = lm.final_norm(x)

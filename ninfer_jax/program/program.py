@@ -105,11 +105,10 @@ class Program:
         self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}" + ("|mtp" if self.speculative_tokens else "")
         self._verify = None  # the Verify unit in flight between `spec_decode` and `spec_commit`
         self._hidden_logits = jax.jit(lm_head)
-        # A checkpoint with a vision tower runs every chunk and decode row through the media
-        # executables (a text row with its plain positions), so a row's bits never depend on
-        # whether a batch mate or a reused prefix had media (doctrine 1). Speculative decoding
-        # does not take media yet: such an engine runs text only (issue 34).
-        self.takes_media = self.model.vision is not None and not self.speculative_tokens
+        # A checkpoint with a vision tower runs every chunk and decode row (or Verify unit) through
+        # the media executables (a text row with its plain positions), so a row's bits never
+        # depend on whether a batch mate or a reused prefix had media (doctrine 1).
+        self.takes_media = self.model.vision is not None
         self._no_media = None  # a text chunk's zero embeddings, made once
         # Wall time inside the compiled model steps, from the call to their logits on the host;
         # building their inputs is control work and is not counted (the engine's control figure).
@@ -147,20 +146,22 @@ class Program:
         a decode batch's rotary positions `[B]` (the media executables)."""
         kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
-        if media is not None:
+        if kind == "prefill" and self.speculative_tokens:  # the chunk's MTP K/V too (spec_steps.py)
+            tokens, start, lengths, table, slots, *mtp_table = args
+            mtp_pool = self.stores.pools[MTP_POOL]
+            mtp_table = mtp_table[0] if mtp_table else np.zeros_like(table)  # a padding row writes nothing
+            extra = None if media is None else (media.embeds[None], media.embed_rows[None], media.rope[:, None],
+                                                 media.mtp_rope[:, None])
+            logits, _, kv, state, mtp = self.steps.prefill_spec(kv_pool.tree, st_pool.tree, mtp_pool.tree, tokens,
+                                                                start, lengths, table, mtp_table, slots, media=extra)
+            mtp_pool.replace(mtp)
+        elif media is not None:
             if kind == "prefill":
                 logits, _, kv, state = self.steps.prefill(kv_pool.tree, st_pool.tree, *args, embeds=media.embeds[None],
                                                           embed_rows=media.embed_rows[None],
                                                           rope=media.rope[:, None])
             else:
                 logits, _, kv, state = self.steps.decode(kv_pool.tree, st_pool.tree, *args, rope=media)
-        elif kind == "prefill" and self.speculative_tokens:  # the chunk's MTP K/V too (spec_steps.py)
-            tokens, start, lengths, table, slots, *mtp_table = args
-            mtp_pool = self.stores.pools[MTP_POOL]
-            mtp_table = mtp_table[0] if mtp_table else np.zeros_like(table)  # a padding row writes nothing
-            logits, _, kv, state, mtp = self.steps.prefill_spec(kv_pool.tree, st_pool.tree, mtp_pool.tree, tokens,
-                                                                start, lengths, table, mtp_table, slots)
-            mtp_pool.replace(mtp)
         else:
             fn = self.steps.prefill if kind == "prefill" else self.steps.decode
             logits, _, kv, state = fn(kv_pool.tree, st_pool.tree, *args)
@@ -185,7 +186,7 @@ class Program:
         if not 0 < n <= self.chunk_size:
             raise ValueError(f"prefill chunk of {n} tokens; expected 1..{self.chunk_size}")
         if media is not None and not self.takes_media:
-            raise ValueError("this Program runs text only: its model has no vision tower, or it drafts speculatively")
+            raise ValueError("this Program runs text only: its model has no vision tower")
         buf = np.zeros((1, self.chunk_size), np.int32)
         buf[0, :n] = tokens
         if self.takes_media and media is None:
@@ -202,7 +203,9 @@ class Program:
             self._no_media = jnp.zeros((self.chunk_size, self.model.config.hidden_size), self.model.dtype)
         rope = np.zeros((3, self.chunk_size), np.int32)
         rope[:, :n] = np.arange(start, start + n, dtype=np.int32)
-        return ChunkMedia(self._no_media, np.zeros(self.chunk_size, bool), rope)
+        mtp_rope = np.zeros((3, self.chunk_size), np.int32)  # MTP indices start-1 ..: text positions
+        mtp_rope[:, :n] = np.arange(start - 1, start - 1 + n, dtype=np.int32)
+        return ChunkMedia(self._no_media, np.zeros(self.chunk_size, bool), rope, mtp_rope)
 
     def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
         """One decode step for each row; logits `[len(rows), V]`."""
@@ -258,15 +261,21 @@ class Program:
         want = np.zeros(len(slots), np.int32)
         want[:n] = wanted
         mtp_table = self._tables([r.mtp_pages for r in rows], len(slots))
+        delta = None
+        if self.takes_media:  # rotary minus cache position per row (0: text)
+            delta = np.zeros(len(slots), np.int32)
+            for i, r in enumerate(rows):
+                if r.rope is not None:
+                    delta[i] = r.rope - r.position
         t0 = self.clock()
         kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
         mtp_pool = self.stores.pools[MTP_POOL]
         logits, drafts, final, verified, kv, mtp = self.steps.spec_decode(
-            kv_pool.tree, st_pool.tree, mtp_pool.tree, tokens, positions, table, mtp_table, slots, want)
+            kv_pool.tree, st_pool.tree, mtp_pool.tree, tokens, positions, table, mtp_table, slots, want, delta=delta)
         kv_pool.replace(kv)
         mtp_pool.replace(mtp)
-        self._verify = (verified, final, drafts, positions, mtp_table, slots)
+        self._verify = (verified, final, drafts, positions, mtp_table, slots, delta)
         out = np.asarray(logits)[:n], np.asarray(drafts)[:n]
         self.step_seconds += self.clock() - t0
         return out
@@ -274,7 +283,7 @@ class Program:
     def spec_commit(self, keep: Sequence[int]) -> None:
         """Commit `keep[i]` accepted drafts of the Verify units `spec_decode` ran (keep <= wanted):
         state, continuation hidden and the accepted positions' MTP K/V (spec_steps.spec_commit)."""
-        verified, final, drafts, positions, mtp_table, slots = self._verify
+        verified, final, drafts, positions, mtp_table, slots, delta = self._verify
         self._verify = None
         kept = np.zeros(len(slots), np.int32)
         kept[:len(keep)] = keep
@@ -282,7 +291,7 @@ class Program:
         st_pool = self.stores.pools[ledger.STATE_POOL]
         mtp_pool = self.stores.pools[MTP_POOL]
         state, mtp = self.steps.spec_commit(st_pool.tree, mtp_pool.tree, verified, final, drafts, positions, kept,
-                                            mtp_table, slots)
+                                            mtp_table, slots, delta=delta)
         st_pool.replace(state)
         mtp_pool.replace(mtp)
         self.step_seconds += self.clock() - t0

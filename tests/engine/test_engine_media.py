@@ -31,7 +31,7 @@ from ninfer_jax.program.program import Program
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
-from tiny_vl import IMG, VE, VID, VS, build, image_run, pixels, text_ids, video_run  # noqa: E402  (after the skips)
+from tiny_vl import IMG, VE, VID, VS, add_random_mtp, build, image_run, pixels, text_ids, video_run  # noqa: E402
 
 PLACEHOLDERS = (IMG, VID, VS, VE)  # a generated one would make the reference prompt invalid: stop there
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, stop_token_ids=PLACEHOLDERS, logprobs=3)
@@ -178,4 +178,42 @@ def test_bad_media_is_refused_before_any_work(vl, tiny_model):
     got = _run(engine, prompt, images=images)  # the engine goes on serving
     assert got.token_ids
     assert engine.stats()["requests_submitted"] == 1
+    assert_idle_and_empty(engine)
+
+
+@pytest.fixture(scope="module")
+def vl_mtp(tmp_path_factory):
+    """The tiny VL checkpoint with a random MTP head (its drafts are mostly rejected: every
+    rejection path, the commit at the first position)."""
+    folder = tmp_path_factory.mktemp("qwen3_5_vl_mtp")
+    build("qwen3_5").save_pretrained(str(folder), safe_serialization=True)
+    add_random_mtp(folder)
+    return str(folder), load_model(str(folder), dtype="float32")
+
+
+@pytest.mark.parametrize("route", ["snapshot", "replay"])
+def test_mtp_with_media_equals_mtp_off(vl_mtp, route):
+    """Speculative decoding (k=2, Verify units with the rows' rotary offsets, MTP K/V at the
+    media's positions) gives the tokens of decoding without drafts: two image requests (one
+    sampled) and a text one, C=2, the first paused inside its image and again in decode."""
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)  # compared with itself: no stops
+    work = [(*_prompt(21, 1), greedy), (*_prompt(22, 2), SamplingParams(temperature=0.8, seed=5, max_tokens=8,
+                                                                          ignore_eos=True)),
+            (text_ids(np.random.default_rng(23), 30), None, greedy)]
+    plain = _engine(vl_mtp, max_concurrency=1)
+    want = [_run(plain, p, sp, **({"images": im} if im else {})).token_ids for p, im, sp in work]
+    engine = _engine(vl_mtp, speculative_tokens=2)
+    handles = [engine.submit(p, sp, **({"images": im} if im else {})) for p, im, sp in work]
+    start = work[0][0].index(VS) + 1
+    req = _reach_inside_media(engine, handles[0].request_id, start, start + 16)
+    assert engine.core.pause(handles[0].request_id, route) and req.paused_route == "replay"
+    for _ in range(300):
+        engine.step()
+        engine.check_integrity()
+        if req.phase == "decode" and len(req.output) >= 2:
+            break
+    assert engine.core.pause(handles[0].request_id, route), (req.phase, req.output, want[0])
+    run_until_done(engine, handles)
+    assert [h.result().token_ids for h in handles] == want
+    assert engine.stats()["spec_verify_units"] > 0
     assert_idle_and_empty(engine)

@@ -322,9 +322,9 @@ def test_policy_limits(vision_tok, media_dir):
     png = _png()
     with pytest.raises(MediaSourceError):   # no folder configured
         ChatFrontend(vision_tok).render_chat(_user(_image((media_dir / "a.png").as_uri())))
-    remote = ChatFrontend(vision_tok, media_policy=MediaPolicy(allow_remote_urls=True))
-    with pytest.raises(RemoteMediaUnavailableError):
-        remote.render_chat(_user(_image("http://example.com/a.png")))
+    remote = ChatFrontend(vision_tok, media_policy=MediaPolicy(allow_remote_urls=True, fetch_timeout_s=5))
+    with pytest.raises(RemoteMediaUnavailableError):   # nothing listens there
+        remote.render_chat(_user(_image(f"http://127.0.0.1:{_closed_port()}/a.png")))
     small = ChatFrontend(vision_tok, media_policy=MediaPolicy(max_bytes=len(png) - 1))
     with pytest.raises(MediaTooLargeError):
         small.render_chat(_user(_image(_data_url(png))))
@@ -335,6 +335,70 @@ def test_policy_limits(vision_tok, media_dir):
         few.render_chat(_user({"type": "video_url", "video_url": {"url": _data_url(b"x", "video/mp4")}}))
     with pytest.raises(UnsupportedMediaError, match="one frame"):   # a still image is not a video file
         few.render_chat(_user({"type": "video_url", "video_url": {"url": _data_url(png)}}))
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def web(tmp_path):
+    """A loopback HTTP server: /a.png (a PNG), /big.png (a PNG over 20 kB), /page (text/html),
+    /slow (answers after 3 s); yields its base URL."""
+    import http.server
+    import threading
+    import time
+
+    files = {"/a.png": ("image/png", _png(seed=7)), "/big.png": ("image/png", _png(200, 200, seed=8)),
+             "/page": ("text/html", b"<html></html>"), "/slow": ("image/png", _png(seed=9))}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            try:
+                self._answer()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped reading (a refused size, a timeout): as it should
+
+        def _answer(self):
+            if self.path == "/slow":
+                time.sleep(3)
+            mime, body = files.get(self.path, ("text/plain", None))
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", mime)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", files
+    server.shutdown()
+
+
+def test_remote_urls_are_fetched_only_when_allowed_capped_and_timed(vision_tok, web):
+    base, files = web
+    refused = ChatFrontend(vision_tok)
+    with pytest.raises(MediaSourceError, match="not allowed"):
+        refused.render_chat(_user(_image(base + "/a.png")))
+    allowed = ChatFrontend(vision_tok, media_policy=MediaPolicy(allow_remote_urls=True, max_bytes=20000,
+                                                               fetch_timeout_s=1))
+    p = allowed.render_chat(_user(_image(base + "/a.png")))
+    want = prepare_image(files["/a.png"][1], ProcessorSettings())
+    assert p.media_ranges[0].digest == want.digest
+    for path, error in (("/big.png", MediaTooLargeError), ("/page", RemoteMediaUnavailableError),
+                        ("/missing.png", RemoteMediaUnavailableError), ("/slow", RemoteMediaUnavailableError)):
+        with pytest.raises(error):
+            allowed.render_chat(_user(_image(base + path)))
 
 
 def test_policy_is_checked():
