@@ -24,15 +24,12 @@ flags.DEFINE_string("token_ids", None, "Comma-separated prompt token ids (instea
 flags.DEFINE_multi_string("image", None, "generate/chat: an image file sent with the prompt (repeat for several); "
                           "needs a checkpoint with a vision tower.")
 flags.DEFINE_integer("media_cache_bytes", None, "Engine: bytes of vision tower outputs kept for reuse (the media "
-                     "cache; default 256 MiB, 0: none), apart from the Host context capacity.")
-flags.DEFINE_string("allowed_local_media_path", None, "Engine: file:// image URLs are read only under this folder "
-                    "(default: no local files).")
+                     "cache; 0: none), apart from the Host context capacity.")
+flags.DEFINE_string("allowed_local_media_path", None, "Engine: file:// image URLs are read only under this folder.")
 flags.DEFINE_bool("allow_media_urls", False, "Engine: fetch http(s) image and video URLs (at most the media byte "
                   "limit, 10 s per connection and read); without it no network connection is opened.")
-flags.DEFINE_integer("max_input_pixels", None, "Engine: the most pixels of one image or video frame (default "
-                     "8192 x 8192).")
-flags.DEFINE_integer("max_input_frames", None, "Engine: the most frames of one video (default: the checkpoint's "
-                     "video processor max_frames).")
+flags.DEFINE_integer("max_input_pixels", None, "Engine: the most pixels of one image or video frame.")
+flags.DEFINE_integer("max_input_frames", None, "Engine: the most frames of one video.")
 flags.DEFINE_integer("max_tokens", 32, "Tokens to generate.")
 flags.DEFINE_float("temperature", 0.0, "Sampling temperature in [0, 100]; 0 is greedy.")
 flags.DEFINE_integer("seed", 0, "Sampling seed in [0, 2**63).")

@@ -24,6 +24,8 @@ MODEL = ("model", "dtype")
 ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_route", "speculative_tokens",
           "device_state_slots", "host_capacity_bytes", "branch_points", "device_memory_bytes", "device_memory_fraction",
           "compilation_cache")
+# Image and video input (a checkpoint with a vision tower).
+MEDIA = ("media_cache_bytes", "allowed_local_media_path", "allow_media_urls", "max_input_pixels", "max_input_frames")
 # What sizes the capacity plan (ninfer plan); the other engine flags are accepted and change nothing.
 CAPACITY = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "device_state_slots",
             "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction", "speculative_tokens")
@@ -52,8 +54,10 @@ COMMANDS: dict[str, Command] = {
         "Generates from one raw prompt on an in-process engine (or a running `ninfer serve` with "
         "--server). Text goes to stdout, progress and usage to stderr. Bad input is refused before "
         "the model loads (exit 2).",
-        (("request", ("prompt", "token_ids") + SAMPLING), ("model", MODEL), ("engine", ENGINE)),
+        (("request", ("prompt", "token_ids", "image") + SAMPLING), ("model", MODEL), ("engine", ENGINE),
+         ("media", MEDIA)),
         ('ninfer generate --prompt "Hello" --max_tokens 16',
+         'ninfer generate --model=/path/to/qwen3.5-vl --image=shot.png --prompt "What is on the screen?"',
          "ninfer generate --model=/path/to/checkpoint --token_ids=1,2,3 --temperature 0.7 --seed 1",
          'ninfer generate --server=127.0.0.1:50051 --prompt "Hello"')),
     "chat": Command(
@@ -62,8 +66,8 @@ COMMANDS: dict[str, Command] = {
         "Renders the messages with the model's chat template and streams the reply. With --turns N, "
         "or user messages piped on stdin (one per line), a multi-turn conversation; prompt and "
         "cached tokens per turn on stderr. Needs a model with a tokenizer.",
-        (("request", ("prompt", "messages", "session", "turns") + SAMPLING), ("model", MODEL),
-         ("engine", ENGINE)),
+        (("request", ("prompt", "messages", "image", "session", "turns") + SAMPLING), ("model", MODEL),
+         ("engine", ENGINE), ("media", MEDIA)),
         ('ninfer chat --prompt "Hi!" --max_tokens 16',
          "printf 'Hi!\\nAnd tomorrow?\\n' | ninfer chat --turns 2")),
     "bench": Command(
@@ -137,6 +141,10 @@ _NONE_DEFAULTS = {
     "split": "one StateImage per max_context/4 of Main KV, 2C slots at least where Main KV keeps one max_context",
     "split_sweep": "none: one split",
     "steps": "every step",
+    "image": "none",
+    "allowed_local_media_path": "none: no local files",
+    "max_input_pixels": "8192 x 8192",
+    "max_input_frames": "the checkpoint's video processor max_frames",
 }
 _METAVARS = {"model": "FOLDER", "prompt": "TEXT", "token_ids": "IDS", "server": "HOST:PORT", "host": "HOST",
              "token": "TOKEN", "messages": "JSON|@FILE", "session": "ID", "compilation_cache": "FOLDER|off",
@@ -144,7 +152,9 @@ _METAVARS = {"model": "FOLDER", "prompt": "TEXT", "token_ids": "IDS", "server": 
              "max_context": "TOKENS", "chunk_size": "TOKENS", "turns": "N", "trace_limit": "N",
              "device_memory_bytes": "BYTES", "device_memory_fraction": "FRACTION", "cache_device_bytes": "BYTES",
              "split": "FRACTION", "split_sweep": "S1,S2,...", "platform": "cuda|rocm|cpu",
-             "backend": "pallas|xla|interpret", "steps": "PREFIX,..."}
+             "backend": "pallas|xla|interpret", "steps": "PREFIX,...", "image": "FILE",
+             "media_cache_bytes": "BYTES", "allowed_local_media_path": "FOLDER", "max_input_pixels": "PIXELS",
+             "max_input_frames": "N"}
 
 
 def engine_default(name: str) -> str | None:
@@ -163,6 +173,10 @@ def engine_default(name: str) -> str | None:
         return "the device's own (memory_stats() bytes_limit), EngineConfig.device_memory_bytes"
     if name == "device_state_slots":
         return "max_concurrency, ContextCacheConfig.device_state_slots"
+    if name == "media_cache_bytes":
+        from ninfer_jax.config import DEFAULT_MEDIA_CACHE_BYTES
+
+        return f"{DEFAULT_MEDIA_CACHE_BYTES >> 20} MiB, MediaConfig.cache_bytes"
     fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
     if name in fields and fields[name].default is not dataclasses.MISSING:
         return f"{fields[name].default}, EngineConfig.{name}"

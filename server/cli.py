@@ -48,7 +48,7 @@ SERVE = cli_help.Command(
     "until the engine has warmed up. --model=fake:NAME serves a deterministic fake engine "
     "(no model, no compilation).",
     (("service", ("host", "port", "http_port", "token", "grace_s", "max_message_bytes")),
-     ("model", cli_help.MODEL), ("engine", cli_help.ENGINE)),
+     ("model", cli_help.MODEL), ("engine", cli_help.ENGINE), ("media", cli_help.MEDIA)),
     ("ninfer serve --port 50051",
      "ninfer serve --port=-1 --http_port=8000          # the OpenAI-compatible HTTP API only",
      "ninfer serve --model=fake:demo --port 0          # try the service without a model"))
