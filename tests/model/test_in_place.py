@@ -1,6 +1,7 @@
 """Every compiled step updates the pools in place: no copy of a whole pool leaf in its optimized
 HLO, at every bucket (the smallest included) and for the speculative steps, the media variants
-(prefill_media, decode_media) and the pools' byte movers.
+(prefill_media, decode_media, and the speculative prefill_spec_media, spec_decode_media,
+spec_commit_media a vision Program warms up) and the pools' byte movers.
 
 Donation alone does not show this (the outputs alias the donated inputs even when XLA copies
 the pool inside the step first), so the compiled text itself is read (hlo_audit.pool_copies).
@@ -159,3 +160,25 @@ def test_the_audit_sees_a_bf16_scatter_convert_the_pool_and_packing_avoids_it():
         write = jax.jit(lambda p, i, v: page_copy.scatter(p, i, v), donate_argnums=0)
         text = write.lower(pool, jnp.array([1, 2]), jnp.ones((2, 5, 3), jnp.bfloat16)).compile().as_text()
         assert bool(pool_converts(text, [((37, 5, 3), dtype)])) == converts, (dtype, text)
+
+
+@pytest.mark.parametrize("spec", [0, 2])
+def test_a_vision_programs_warm_up_compiles_media_steps_in_place(builtin_model, spec):
+    """A Program whose model has a vision tower (`takes_media`) warms up the media executables
+    for every row (text rows included), the speculative ones too: each updates its pools in
+    place. The tower itself is not run here (a stand-in object marks the model as a VL one)."""
+    import dataclasses
+
+    cfg = builtin_model.config
+    third = cfg.rotary_dim // 6
+    model = dataclasses.replace(builtin_model, vision=object(), config=dataclasses.replace(
+        cfg, mrope_section=(cfg.rotary_dim // 2 - 2 * third, third, third), mrope_interleaved=True))
+    program = _warm(model, "builtin:tiny-hybrid", 2, spec)
+    assert program.takes_media
+    found = _audit(program)
+    kinds = {name.split("(")[0] for name in found}
+    expected = {"prefill_spec_media", "spec_decode_media", "spec_commit_media"} if spec else \
+        {"prefill_media", "decode_media"}
+    assert expected <= kinds and not kinds & {"prefill", "decode", "prefill_spec", "spec_decode"}, kinds
+    copies = {name: c for name, c in found.items() if c}
+    assert not copies, f"steps copying a whole pool leaf: {copies}"

@@ -38,6 +38,12 @@ def _png(seed: int, size=(20, 24)) -> bytes:
     return buf.getvalue()
 
 
+def _ico() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), (10, 20, 30)).save(buf, format="ICO")
+    return buf.getvalue()
+
+
 def _data_url(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode()
 
@@ -107,6 +113,10 @@ BAD = [
     ("remote", {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, "MediaSourceError"),
     ("outside", {"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}, "MediaSourceError"),
     ("too_big", {"type": "image_url", "image_url": {"url": _data_url(_png(2, (90, 90)))}}, "TooManyPixelsError"),
+    ("too_many_frames", {"type": "video", "video": [_data_url(_png(i, (16, 16))) for i in range(9)]},
+     "TooManyFramesError"),  # the checkpoint's video max_frames is 8
+    ("format", {"type": "image_url", "image_url": {"url": "data:image/x-icon;base64,"
+                                                   + base64.b64encode(_ico()).decode()}}, "UnsupportedMediaError"),
 ]
 
 
@@ -117,6 +127,8 @@ def test_bad_media_is_refused_on_both_surfaces(live, part, error):
     with pytest.raises(openai.BadRequestError) as info:
         http.chat.completions.create(model=folder, messages=_user(part), max_tokens=3)
     assert info.value.body["message"].startswith(f"{error}: "), info.value.body
+    if part["type"] == "video":  # gRPC carries a video's frames as bytes
+        part = dict(part, video=[base64.b64decode(f.split(",", 1)[1]) for f in part["video"]])
     with pytest.raises(grpc.RpcError) as rpc_info:
         rpc.chat(_user(part), sampling=GREEDY)
     assert rpc_info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
