@@ -26,6 +26,24 @@ VISION = {"depth": 2, "hidden_size": 32, "num_heads": 4, "intermediate_size": 64
 PATCH_DIM = 3 * 2 * 4 * 4
 
 
+def png_bytes(seed: int, size=(28, 20)) -> bytes:
+    """A random RGB PNG of `size` (width, height)."""
+    import io
+
+    from PIL import Image
+
+    rgb = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    import base64
+
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
 def text_ids(rng, n):
     return rng.integers(0, IMG, n).tolist()
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.errors import RequestError
-from ninfer_jax.model.media_inputs import ChunkMedia
+from ninfer_jax.model.media_inputs import ChunkMedia, PromptPositions
 from ninfer_jax.model.multimodal import media_layout
 from ninfer_jax.model.rope_index import text_positions
 
@@ -45,7 +45,7 @@ def _digest(pixels, grid) -> str:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class RequestMedia:
+class RequestMedia(PromptPositions):
     keys: tuple[str, ...]  # per item ("kind:digest"), images then videos
     pixels: tuple = dataclasses.field(repr=False)  # per item (pixel_values, grid `[1, 3]`)
     offsets: np.ndarray = dataclasses.field(repr=False)  # [m + 1]: item i owns media rows offsets[i]:offsets[i+1]
@@ -96,15 +96,6 @@ class RequestMedia:
             raise RequestError("more media items than media ranges")
         return out
 
-    @property
-    def length(self) -> int:
-        return int(self.source.size)
-
-    @property
-    def delta(self) -> int:
-        """Rotary minus cache position of every token after the prompt."""
-        return self.next_position - self.length
-
     def inside(self, frontier: int) -> bool:
         """Whether `frontier` lies strictly inside a media range (never a recovery point, SH-7)."""
         return any(s < frontier < e for s, e, _ in self.ranges)
@@ -154,7 +145,3 @@ class RequestMedia:
         embeds = jnp.where(jnp.asarray(rows)[:, None], jnp.take(media, jnp.asarray(local), axis=0).astype(dtype),
                            jnp.zeros((), dtype))
         return ChunkMedia(embeds, rows, rope, mtp_rope)
-
-    def decode_rope(self, cache_position: int) -> int:
-        """The rotary position of the (text) token at `cache_position` >= the prompt's length."""
-        return cache_position + self.delta

@@ -47,8 +47,32 @@ class ChunkMedia(NamedTuple):
     mtp_rope: np.ndarray | None = None
 
 
+class PromptPositions:
+    """What a prompt laid out with media says of positions (`source` `[n]`, `next_position`):
+    shared by `MediaPrompt` and the engine's `RequestMedia` (engine/media.py)."""
+
+    source: np.ndarray
+    next_position: int
+
+    @property
+    def length(self) -> int:
+        return int(self.source.size)
+
+    @property
+    def delta(self) -> int:
+        """Rotary minus cache position of every token after the prompt."""
+        return self.next_position - self.length
+
+    def decode_rope(self, cache_position: int) -> int:
+        """The rotary position of the (text) token at `cache_position` >= the prompt's length:
+        the decode step's `rope` for that row."""
+        if cache_position < self.length:
+            raise ValueError(f"cache position {cache_position} lies inside the prompt of {self.length} tokens")
+        return cache_position + self.delta
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class MediaPrompt:
+class MediaPrompt(PromptPositions):
     """A prompt with media laid out for the paged steps: `rope` `[3, n]` (`rope_index`),
     `next_position`, `source` `[n]` (the row of `media` each token's embedding comes from, -1:
     the token's own) and `media` `[m, H]` (the tower's tokens: the images', then the videos')."""
@@ -83,15 +107,6 @@ class MediaPrompt:
         return cls.build(ids, model.vision.tokens, encode_media(model.vision, layout.items), layout.positions,
                          layout.next_position)
 
-    @property
-    def length(self) -> int:
-        return int(self.source.size)
-
-    @property
-    def delta(self) -> int:
-        """Rotary minus cache position of every token after the prompt."""
-        return self.next_position - self.length
-
     def chunk(self, start: int, end: int, width: int | None = None, dtype=None) -> ChunkMedia:
         """The media inputs of tokens [start, end) as one row of width `width` (default end -
         start); positions past the prompt continue as text (`decode_rope`'s), so a chunk may
@@ -112,13 +127,6 @@ class MediaPrompt:
         embeds = jnp.where(jnp.asarray(rows)[:, None], jnp.take(media, jnp.asarray(np.maximum(source, 0)), axis=0),
                            jnp.zeros((), media.dtype))
         return ChunkMedia(embeds, rows, rope)
-
-    def decode_rope(self, cache_position: int) -> int:
-        """The rotary position of the token at `cache_position` (>= the prompt's length): the
-        decode step's `rope` for that row."""
-        if cache_position < self.length:
-            raise ValueError(f"cache position {cache_position} lies inside the prompt of {self.length} tokens")
-        return cache_position + self.delta
 
 
 def text_chunk(start: int, n: int, width: int, hidden: int, dtype) -> ChunkMedia:

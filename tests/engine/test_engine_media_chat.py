@@ -11,11 +11,8 @@ every bad input is its typed error before any work, and the engine goes on servi
 from __future__ import annotations
 
 import base64
-import io
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from engine_helpers import assert_idle_and_empty
 from media_helpers import check_against_forward
@@ -27,18 +24,7 @@ from ninfer_jax.program.program import Program
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
-from tiny_vl import save_vl_folder  # noqa: E402  (after the skips)
-
-
-def _png(seed: int, size=(28, 20)) -> bytes:
-    rgb = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
+from tiny_vl import data_url, png_bytes, save_vl_folder  # noqa: E402  (after the skips)
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +75,11 @@ def _reference_check(engine, messages, got):
 
 def test_image_and_video_chat_equal_the_reference(vl):
     engine = _engine(vl)
-    msgs = [_user(_image_part(_url(_png(1))))]
+    msgs = [_user(_image_part(data_url(png_bytes(1))))]
     got = _chat(engine, msgs)
     rendered = _reference_check(engine, msgs, got)
     assert [r.kind for r in rendered.media_ranges] == ["image"]
-    frames = [_url(_png(10 + i, (16, 16))) for i in range(3)]  # odd: the last frame repeats
+    frames = [data_url(png_bytes(10 + i, (16, 16))) for i in range(3)]  # odd: the last frame repeats
     msgs = [_user({"type": "video", "video": frames, "fps": 1.0}, text="and this video")]
     got = _chat(engine, msgs)
     assert [r.kind for r in _reference_check(engine, msgs, got).media_ranges] == ["video"]
@@ -103,19 +89,19 @@ def test_image_and_video_chat_equal_the_reference(vl):
 
 def test_turn_two_reuses_the_same_image_not_a_changed_one(vl):
     _, _, media = vl
-    (media / "shot.png").write_bytes(_png(2))
+    (media / "shot.png").write_bytes(png_bytes(2))
     engine = _engine(vl)
     cold = _engine(vl, context_cache=ContextCacheConfig(enabled=False, host_capacity_bytes=0))
     first = [_user(_image_part(f"file://{media / 'shot.png'}"))]
     out = _chat(engine, first)
     turn2 = first + [{"role": "assistant", "content": out.text},
-                     _user(_image_part(_url(_png(3))), text="and now?")]
+                     _user(_image_part(data_url(png_bytes(3))), text="and now?")]
     same = _chat(engine, turn2)
     ranges = engine.chat_frontend().render_chat(turn2).media_ranges
     assert same.usage.cached_tokens >= ranges[0].end, (same.usage, ranges)
     assert same.token_ids == _chat(cold, turn2).token_ids
     _reference_check(engine, turn2, same)
-    (media / "shot.png").write_bytes(_png(4))  # another picture of the same size, same URL
+    (media / "shot.png").write_bytes(png_bytes(4))  # another picture of the same size, same URL
     changed = _chat(engine, turn2)
     assert changed.usage.cached_tokens <= ranges[0].start, changed.usage
     assert changed.token_ids == _chat(cold, turn2).token_ids
@@ -126,7 +112,7 @@ def test_turn_two_reuses_the_same_image_not_a_changed_one(vl):
     (_image_part("data:image/png;base64," + base64.b64encode(b"not a png").decode()), UndecodableMediaError),
     (_image_part("file:///etc/hostname"), MediaSourceError),
     (_image_part("https://example.com/cat.png"), MediaSourceError),
-    (_image_part(_url(_png(5, (80, 80)))), TooManyPixelsError),
+    (_image_part(data_url(png_bytes(5, (80, 80)))), TooManyPixelsError),
 ])
 def test_bad_media_is_a_typed_error_and_the_engine_goes_on(vl, part, error):
     engine = _engine(vl)
@@ -134,5 +120,5 @@ def test_bad_media_is_a_typed_error_and_the_engine_goes_on(vl, part, error):
         engine.submit_chat([_user(part)])
     engine.step()
     assert engine.stats()["requests_submitted"] == 0
-    assert _chat(engine, [_user(_image_part(_url(_png(6))))]).token_ids
+    assert _chat(engine, [_user(_image_part(data_url(png_bytes(6))))]).token_ids
     assert_idle_and_empty(engine)

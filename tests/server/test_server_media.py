@@ -14,7 +14,6 @@ import json
 
 import grpc
 import httpx2
-import numpy as np
 import openai
 import pytest
 from PIL import Image
@@ -28,24 +27,13 @@ from server.client import NInferClient
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")
-from tiny_vl import save_vl_folder  # noqa: E402  (after the skips)
-
-
-def _png(seed: int, size=(20, 24)) -> bytes:
-    rgb = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="PNG")
-    return buf.getvalue()
+from tiny_vl import data_url, png_bytes, save_vl_folder  # noqa: E402  (after the skips)
 
 
 def _ico() -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", (16, 16), (10, 20, 30)).save(buf, format="ICO")
     return buf.getvalue()
-
-
-def _data_url(data: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
 @pytest.fixture(scope="module")
@@ -80,17 +68,17 @@ def _user(*parts):
 
 def test_http_and_grpc_media_equal_the_engine_in_process(live):
     srv, http, rpc, folder, _ = live
-    image = _png(1)
+    image = png_bytes(1)
     want = srv.engine.chat(_user({"type": "image", "image": image}), sampling=SamplingParams(**GREEDY))
     assert want.usage.prompt_tokens > 10
     got = http.chat.completions.create(model=folder, messages=_user({"type": "image_url",
-                                                                     "image_url": {"url": _data_url(image)}}),
+                                                                     "image_url": {"url": data_url(image)}}),
                                        max_tokens=5, temperature=0)
     assert got.usage.prompt_tokens == want.usage.prompt_tokens
     assert got.choices[0].message.content == want.text.strip("\n")
     by_rpc = rpc.chat(_user({"type": "image", "image": image}), sampling=GREEDY)
     assert by_rpc.token_ids == list(want.token_ids)
-    frames = [_png(10 + i, (16, 16)) for i in range(4)]
+    frames = [png_bytes(10 + i, (16, 16)) for i in range(4)]
     want_video = srv.engine.chat(_user({"type": "video", "video": frames, "fps": 2.0}),
                                  sampling=SamplingParams(**GREEDY))
     got_video = rpc.chat(_user({"type": "video", "video": frames, "fps": 2.0}), sampling=GREEDY)
@@ -112,8 +100,8 @@ BAD = [
      "UndecodableMediaError"),
     ("remote", {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}, "MediaSourceError"),
     ("outside", {"type": "image_url", "image_url": {"url": "file:///etc/hostname"}}, "MediaSourceError"),
-    ("too_big", {"type": "image_url", "image_url": {"url": _data_url(_png(2, (90, 90)))}}, "TooManyPixelsError"),
-    ("too_many_frames", {"type": "video", "video": [_data_url(_png(i, (16, 16))) for i in range(9)]},
+    ("too_big", {"type": "image_url", "image_url": {"url": data_url(png_bytes(2, (90, 90)))}}, "TooManyPixelsError"),
+    ("too_many_frames", {"type": "video", "video": [data_url(png_bytes(i, (16, 16))) for i in range(9)]},
      "TooManyFramesError"),  # the checkpoint's video max_frames is 8
     ("format", {"type": "image_url", "image_url": {"url": "data:image/x-icon;base64,"
                                                    + base64.b64encode(_ico()).decode()}}, "UnsupportedMediaError"),
@@ -146,7 +134,7 @@ def test_a_text_only_checkpoint_refuses_media_over_http():
         http = openai.OpenAI(api_key="unused", base_url=f"http://127.0.0.1:{srv.http.port}/v1", max_retries=0)
         with pytest.raises(openai.BadRequestError) as info:
             http.chat.completions.create(model="builtin:tiny-hybrid", max_tokens=3, messages=_user(
-                {"type": "image_url", "image_url": {"url": _data_url(_png(3))}}))
+                {"type": "image_url", "image_url": {"url": data_url(png_bytes(3))}}))
         assert "text-only" in json.dumps(info.value.body)
         assert srv.engine.stats()["requests_submitted"] == 0
     finally:
