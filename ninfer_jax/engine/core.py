@@ -38,6 +38,7 @@ import collections
 import itertools
 import queue
 import random
+import threading
 import time
 from typing import Hashable, Sequence
 
@@ -73,6 +74,11 @@ class EngineCore(UnitPlanning, Execution):
         self.fresh: FreshQueue[Request] = FreshQueue(self.c, lambda r: r.ticket)
         self.residents: list[Request] = []  # lane holders, kept in ticket order
         self.by_id: dict[str, Request] = {}
+        # Ids of requests submitted and not yet ended, queued in the inbox included: a second
+        # request may not take one (cancel is by id). Taken on the caller's thread, given back
+        # on the engine thread when the request ends.
+        self._live_ids: set[str] = set()
+        self._ids_lock = threading.Lock()
         self._tickets = itertools.count(1)
         self.counters = collections.Counter({k: 0 for k in COUNTERS})
         self.histograms = latency_histograms()
@@ -120,6 +126,19 @@ class EngineCore(UnitPlanning, Execution):
                        saves=saves, splits=splits, session=session, t_submit=self.program.clock(), raw=raw,
                        media=media)
 
+    def reserve_id(self, request_id: str) -> bool:
+        """Take `request_id` for a request about to be posted; False while another submitted
+        request, queued or running, holds it (any thread)."""
+        with self._ids_lock:
+            if request_id in self._live_ids:
+                return False
+            self._live_ids.add(request_id)
+            return True
+
+    def release_id(self, request_id: str) -> None:
+        with self._ids_lock:
+            self._live_ids.discard(request_id)
+
     # ---- the cycle (engine thread) ---------------------------------------------------------
     def has_work(self) -> bool:
         return bool(self.residents or len(self.fresh) or len(self.preempt) or self.reuse.txns.busy)
@@ -162,11 +181,14 @@ class EngineCore(UnitPlanning, Execution):
         self.counters["requests_submitted"] += 1
         if len(self.fresh) >= self.max_queue:  # Engine.submit refuses earlier; this is the backstop
             self.counters["queue_full_errors"] += 1
+            self.counters["requests_failed"] += 1  # submitted = finished + cancelled + failed + live
+            self.release_id(req.request_id)
             req.phase, req.finish_reason = FINISHED, "error"
             req.error = str(QueueFullError(f"the queue holds {self.max_queue} requests"))
             req.outbox.finish(req.completion())
             return
         if req.request_id in self.by_id:  # cancel is by id: two live requests never share one
+            self.counters["requests_failed"] += 1  # (its id stays the live request's)
             req.phase, req.finish_reason = FINISHED, "error"
             req.error = f"request_id {req.request_id!r} is already in use by a running request"
             req.outbox.finish(req.completion())
@@ -396,10 +418,15 @@ class EngineCore(UnitPlanning, Execution):
             self.counters["requests_failed"] += 1
         else:
             self.counters["requests_finished"] += 1
-        tail = req.detok.flush() if reason in ("length", "cancelled") else ""
+        # What the detokenizer still holds (an incomplete character, a tail that might have grown
+        # into a stop string) is output too when the request ends by length, cancel, EOS or a stop
+        # token; after a stop string `flush` releases nothing (the stop string is not output).
+        tail = req.detok.flush() if reason in ("length", "cancelled", "stop") else ""
         if tail:
             req.outbox.push(TokenDelta((), tail))
-        self.by_id.pop(req.request_id, None)
+        if self.by_id.get(req.request_id) is req:
+            del self.by_id[req.request_id]
+        self.release_id(req.request_id)
         req.outbox.finish(req.completion())
 
     # ---- pauses, integrity ---------------------------------------------------------------

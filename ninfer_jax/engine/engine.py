@@ -256,6 +256,8 @@ class Engine:
         with self._intake:  # posted before the engine closes (its close or cleanup ends it), or refused
             if self._closed:
                 raise self._closed_error()
+            if not self.core.reserve_id(req.request_id):  # one still queued in the inbox, say
+                raise RequestError(f"request_id {req.request_id!r} is already in use by a queued or running request")
             self._post("submit", req)
         return req.handle
 

@@ -44,7 +44,9 @@ def end_directly(core, req, reason: str, error: str | None) -> None:
     if req.phase != FINISHED:  # `finish` counts once it set FINISHED
         core.counters["requests_failed" if reason == "error" else "requests_" + reason] += 1
     req.phase, req.finish_reason, req.error = FINISHED, reason, error
-    core.by_id.pop(req.request_id, None)
+    if core.by_id.get(req.request_id) is req:
+        del core.by_id[req.request_id]
+    core.release_id(req.request_id)
     if not req.outbox.done():
         req.outbox.finish(req.completion())
 

@@ -138,3 +138,27 @@ def test_long_outputs_keep_only_the_tail_a_stop_can_span(kind, stop):
             break
     assert got.flush() == want.flush() and got.sent == want.sent
     assert got._base > 0 and len(got._recent) < 600  # trimmed: constant work per token
+
+
+def test_text_held_for_a_possible_stop_string_is_output_when_a_stop_token_ends_the_request(tiny_model):
+    """Issue 36: a stop token ends the request while the detokenizer holds the last token's text
+    (it could still have grown into the stop string, which starts with it): that text is output,
+    streamed and in the completion, as the full decode of the output gives it."""
+    from engine_helpers import make_engine, run_until_done
+    from ninfer_jax import SamplingParams
+
+    engine = make_engine(tiny_model)
+    tok = engine.tokenizer
+    prompt = tok.encode("Once upon a time")
+    free = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).token_ids
+    k = next(i for i, t in enumerate(free) if i >= 2 and tok.decode([t], skip_special_tokens=True).strip())
+    piece = tok.decode([free[k]], skip_special_tokens=True)
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=(free[k],),
+                        stop=(piece + "\u2603never",))
+    h = engine.submit(prompt, sp)
+    run_until_done(engine, [h])
+    got = h.result()
+    assert got.finish_reason == "stop" and got.token_ids == tuple(free[:free.index(free[k]) + 1])
+    want = tok.decode(list(got.token_ids), skip_special_tokens=True)
+    assert want.endswith(piece) and got.text == want
+    assert "".join(d.text for d in h.stream()) == want

@@ -129,3 +129,23 @@ def test_stop_strings_and_eos(engine, tiny_model):
     run_until_done(engine, [forced])
     assert forced.result().finish_reason == "stop" and len(forced.result().token_ids) == 3
     assert eos in engine.core.make_request([1], GREEDY, None, lambda r: None).stop_ids
+
+
+def test_a_request_id_queued_in_the_inbox_is_not_taken_twice(engine):
+    """Issue 36: two submits with one request_id before the engine thread took the first in:
+    the second is refused at submission; once the first ends the id is free again, and the
+    counters add up (submitted = finished + cancelled + failed)."""
+    before = engine.stats()
+    sp = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    first = engine.submit([1, 2, 3], sp, request_id="same")
+    with pytest.raises(RequestError, match="already in use"):
+        engine.submit([4, 5], sp, request_id="same")
+    run_until_done(engine, [first])
+    again = engine.submit([4, 5], sp, request_id="same")
+    again.cancel()
+    run_until_done(engine, [again])
+    after = engine.stats()
+    delta = {k: after[k] - before[k] for k in ("requests_submitted", "requests_finished", "requests_cancelled",
+                                               "requests_failed")}
+    assert delta == {"requests_submitted": 2, "requests_finished": 1, "requests_cancelled": 1, "requests_failed": 0}
+    assert_idle_and_empty(engine)
