@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import threading
 import time
 from typing import Any, AsyncIterator, Callable
@@ -25,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ninfer_jax.frontend.output_parser import THINK_OPEN, OutputStream
 from ninfer_jax.frontend.responses import ResponsesStore
@@ -103,12 +105,18 @@ class OpenAIFront(RunningRequests):
             if len(raw) > limit:
                 raise oc.ApiError(413, f"request body exceeds the server limit of {limit} bytes",
                                   code="request_too_large")
+        kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if kind and kind != "application/json" and not kind.endswith("+json"):
+            raise oc.ApiError(415, f"the body must be application/json, not {kind}", code="unsupported_media_type")
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise oc.ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+        except RecursionError:  # nested past the parser's own limit
+            raise oc.ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json") from None
         if not isinstance(data, dict):
             raise oc.ApiError(400, "the body must be a JSON object", code="invalid_json")
+        check_json(data)
         try:
             req = model_cls.model_validate(data)
         except ValidationError as exc:
@@ -194,12 +202,44 @@ def _submit(fn: Callable[[], Any]):
         raise oc.api_error(exc) from None
 
 
+MAX_JSON_DEPTH = 64  # no request needs more; deeper bodies are refused before any model is built
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_json(data) -> None:
+    """400 for a body nested deeper than MAX_JSON_DEPTH or holding a string with a lone UTF-16
+    surrogate (valid JSON escapes, but no text: encoding it later would fail mid-request)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise oc.ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise oc.ApiError(400, "the body holds a string with a lone UTF-16 surrogate (not text)",
+                                  code="invalid_json")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, depth))
+                stack.append((v, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
+
 def build_app(front: OpenAIFront) -> FastAPI:
     app = FastAPI(title="NInfer-JAX OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(oc.ApiError)
     async def _api_error(request: Request, exc: oc.ApiError):
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        # 404 (no such path), 405 (wrong method) and the like, in the API's error shape
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        err = oc.ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}",
+                          code=codes.get(exc.status_code))
+        return JSONResponse(err.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
