@@ -327,7 +327,11 @@ def build_app(front: OpenAIFront) -> FastAPI:
             raise oc.unsupported("stream", "streamed Responses are not served yet; use /v1/chat/completions to stream")
         if req.tool_choice not in (None, "auto", "none"):
             raise oc.unsupported("tool_choice", "only 'auto' and 'none' are served (no constrained decoding)")
-        fmt = ((req.text or {}).get("format") or {}).get("type", "text")
+        fmt = (req.text or {}).get("format") or {"type": "text"}
+        if not isinstance(fmt, dict):
+            raise oc.ApiError(400, f"text.format: must be an object such as {{\"type\": \"text\"}}, got "
+                              f"{type(fmt).__name__}", param="text.format")
+        fmt = fmt.get("type", "text")
         if fmt != "text":
             raise oc.unsupported("text.format", f"type {fmt!r} is not served (no constrained decoding)")
         tools = _submit(lambda: oc.responses_tools(req.tools))

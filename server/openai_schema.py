@@ -79,7 +79,7 @@ class ResponsesRequest(_Body):
     model: str = Field(min_length=1)
     input: Union[str, list[dict[str, Any]]]
     instructions: Optional[str] = None
-    previous_response_id: Optional[str] = None
+    previous_response_id: Optional[str] = Field(default=None, min_length=1)  # "" names no response
     store: bool = True
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None

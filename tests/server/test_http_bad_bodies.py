@@ -73,3 +73,14 @@ def test_unknown_paths_and_methods_answer_in_the_error_shape(base):
     url, _ = base
     _error(httpx2.get(f"{url}/v1/nothing-here"), 404, "not_found")
     _error(httpx2.get(f"{url}/v1/chat/completions"), 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("extra,param", [({"text": {"format": "json"}}, "text.format"),
+                                         ({"previous_response_id": ""}, "previous_response_id")])
+def test_responses_fields_of_the_wrong_form_are_400_before_generating(base, extra, param):
+    url, fake = base
+    before = fake.stats().get("requests_submitted", 0)
+    body = json.dumps({"model": MODEL, "input": "hi", "max_output_tokens": 2, **extra}).encode()
+    err = _error(_post(f"{url}/v1/responses", body), 400, None)
+    assert err["param"] == param, err
+    assert fake.stats().get("requests_submitted", 0) == before
