@@ -126,6 +126,10 @@ def chat_request(req, limits: ServerLimits, max_context: int) -> tuple[dict, Sam
     elif req.top_logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     limits.check_count(len(req.messages), limits.max_messages, "messages")
+    for i, m in enumerate(req.messages):  # the same per-message part limit as gRPC's
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            limits.check_count(len(content), limits.max_parts, f"messages[{i}].content")
     limits.check_count(len(req.tools or ()), limits.max_tools, "tools")
     sampling = sampling_of(req, max_tokens=max_tokens, logprobs=max(top or 0, 1) if top is not None else 0,
                            limits=limits, max_context=max_context)

@@ -84,3 +84,13 @@ def test_responses_fields_of_the_wrong_form_are_400_before_generating(base, extr
     err = _error(_post(f"{url}/v1/responses", body), 400, None)
     assert err["param"] == param, err
     assert fake.stats().get("requests_submitted", 0) == before
+
+
+def test_a_message_over_the_parts_limit_is_a_400_as_over_grpc(base):
+    url, fake = base
+    before = fake.stats().get("requests_submitted", 0)
+    parts = [{"type": "text", "text": "x"}] * 257  # ServerLimits.max_parts is 256
+    err = _error(_post(f"{url}/v1/chat/completions", json.dumps(_chat([{"role": "user", "content": parts}])).encode()),
+                 400, None)
+    assert "messages[0].content: 257 exceed the server limit of 256" in err["message"]
+    assert fake.stats().get("requests_submitted", 0) == before
