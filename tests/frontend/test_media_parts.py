@@ -193,8 +193,9 @@ def test_video_frames_expand_per_temporal_group(front, vision_tok):
     # count repeats the last frame to fill the last group.
     fps, group = 2.0, ProcessorSettings.video_defaults().temporal_patch_size
     index = list(range(len(frames))) + [len(frames) - 1] * (-len(frames) % group)
-    stamps = [f"<{sum(index[g * group:(g + 1) * group]) / group / fps:.1f} seconds>" for g in range(t)]
-    assert stamps[0] == "<0.2 seconds>" and stamps[-1] == "<2.0 seconds>"  # frame 4 repeated to fill the last group
+    index_means = [sum(index[g * group:(g + 1) * group]) / group for g in range(t)]
+    assert index_means == [0.5, 2.5, 4.0]  # frame 4 repeated to fill the last group
+    stamps = [f"<{m / fps:.1f} seconds>" for m in index_means]  # the processor's own format
     text = vision_tok.decode(run)
     assert text.startswith(stamps[0] + "<|vision_start|>") and all(s in text for s in stamps)
     assert p.token_ids[r.start - 1] == vs and p.token_ids[r.end] == ve  # the template's outer wrapper
@@ -218,8 +219,10 @@ def test_an_animated_gif_is_a_video_file_sampled_as_the_reference(front, vision_
     assert r.kind == "video" and r.digest == want.digest
     np.testing.assert_array_equal(p.media[0].pixel_values, want.pixel_values)
     text = vision_tok.decode(p.token_ids[r.start:r.end])
-    stamps = [f"<{(indices[g] + indices[g + 1]) / 2 / 4.0:.1f} seconds>" for g in range(0, 6, 2)]
-    assert stamps == ["<0.2 seconds>", "<1.4 seconds>", "<2.5 seconds>"]
+    index_means = [(a + b) / 2 for a, b in zip(indices[::2], indices[1::2])]
+    assert index_means == [1.0, 5.5, 10.0]  # each temporal group: the mean of its sampled frames' indices
+    stamps = [f"<{m / 4.0:.1f} seconds>" for m in index_means]  # at the file's 4 fps, the processor's format
+    assert all(s in text for s in stamps)
     assert [text.index(s) for s in stamps] == sorted(text.index(s) for s in stamps)
 
 
