@@ -28,12 +28,6 @@ class MediaCache:
         self._entries: collections.OrderedDict[str, jax.Array] = collections.OrderedDict()
         self.nbytes = 0
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._entries
-
     def get(self, key: str, encode: Callable[[], jax.Array]) -> tuple[jax.Array, bool]:
         """(the item's tower tokens, whether they were encoded now). A miss runs `encode` and
         keeps the result if it fits the budget, evicting the least recently used first."""
@@ -50,12 +44,6 @@ class MediaCache:
             self._entries[key] = out
             self.nbytes += size
         return out, True
-
-    def drop(self, key: str) -> None:
-        """Forget one entry (tests and `clear`)."""
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.nbytes -= old.nbytes
 
     def clear(self) -> None:
         self._entries.clear()
