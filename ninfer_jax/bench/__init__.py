@@ -16,6 +16,7 @@ BENCHES = {
     "spec": "ninfer_jax.bench.spec_bench",
     "vs_hf": "ninfer_jax.bench.vs_hf_bench",
     "vision": "ninfer_jax.bench.vision_bench",
+    "prefill": "ninfer_jax.bench.prefill_bench",
 }
 
 

@@ -31,7 +31,7 @@ from ninfer_jax.plan.budget import Budget, device_budget
 from ninfer_jax.plan.pools import Capacity, backend_pool_bytes, speculative_pools
 from ninfer_jax.plan.split import CacheSplit, default_split, split_cache_bytes
 from ninfer_jax.plan.workspace import (COMPILED_OTHER_BYTES, Workspace, compiled_program_bytes, decode_buckets,
-                                       step_programs, workspace)
+                                       prefill_table_widths, step_programs, workspace)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +95,7 @@ class CapacityPlan:
     default_split_pools: CacheSplit | None = None
     cache: CacheSplit | None = None
     decode_buckets: tuple[int, ...] = ()  # the decode steps' row buckets the Program compiles
+    prefill_widths: tuple[int, ...] = ()  # the prefill chunk's page-table widths it compiles
 
     @property
     def pool_bytes(self) -> int:
@@ -173,7 +174,8 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
     ws = workspace(model, itemsize, chunk_size=config.chunk_size, decode_rows=buckets[-1],
                    pages_per_request=per_request, page_bytes=kv_page, state_image_bytes=state_bytes,
                    backend=config.backend)
-    programs = step_programs(buckets, bool(config.speculative_tokens))
+    widths = prefill_table_widths(per_request, config.chunk_size, config.backend)
+    programs = step_programs(buckets, bool(config.speculative_tokens), len(widths))
     program_bytes = compiled_program_bytes(model)
     compiled = programs * program_bytes + COMPILED_OTHER_BYTES
     # 3. The budget, and 4. the pools in it.
@@ -215,7 +217,8 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
         compiled_program_bytes=program_bytes, backend_pools=backend_pools, backend_pool_bytes=backend_bytes,
         state_slots=slots, state_slot_bytes=state_bytes, kv_pages=pages, kv_page_bytes=page_bytes,
         kv_page_range=(lo, hi), kv_limited_by=limited_by, host_arena_bytes=host, pages_per_request=per_request,
-        default_split=share, default_split_pools=at, cache=asked, decode_buckets=buckets)
+        default_split=share, default_split_pools=at, cache=asked, decode_buckets=buckets,
+        prefill_widths=widths)
 
 
 def _split_kw(config: EngineConfig, cache_bytes: CacheBytes | None,

@@ -2,8 +2,10 @@
 
 **Step shapes.** A prefill chunk is 1 row × `chunk_size` tokens; a decode step runs one bucket
 of rows, the buckets powers of two from 2 up to the first one ≥ C (`decode_buckets`). The
-Program compiles one prefill program and one decode program per bucket (with speculative
-decoding two per bucket: the draft-and-verify step and the commit).
+Program compiles one prefill program per page-table width (`prefill_table_widths`: with the XLA
+attention, tables of a quarter each down to one chunk's pages; one with Pallas) and one decode
+program per bucket (with speculative decoding two per bucket: the draft-and-verify step and the
+commit).
 
 **Workspace**: the activations of the largest step, `max(prefill, decode, store moves)`. For r
 rows of t tokens (n = r·t):
@@ -62,15 +64,38 @@ def decode_buckets(max_concurrency: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def step_programs(buckets: tuple[int, ...], speculative: bool) -> int:
-    """Model-step programs compiled at warm-up: one prefill bucket and every decode bucket (two
-    per bucket with speculative decoding)."""
-    return 1 + (2 if speculative else 1) * len(buckets)
+PREFILL_WIDTH_STEP = 4  # each narrower prefill page table holds a quarter of the one above
+
+
+def prefill_table_widths(pages_per_request: int, chunk_size: int, backend: str) -> tuple[int, ...]:
+    """Page-table widths (pages) a prefill chunk is compiled for, ascending; the chunk runs the
+    narrowest that holds the pages up to its end.
+
+    The XLA attention reads every page of its table, so one table `max_context` wide made a chunk
+    near the start of a long context cost as much as one at its end. Widths of a quarter each,
+    down to the pages of one chunk (and the MTP layers' one-slot offset), keep a chunk within 4x
+    of the keys it reads at the price of a few more prefill programs. A chunk's width depends on
+    its own end only, never on another request. The Pallas kernels read only the pages a row
+    holds: one width (the whole table)."""
+    if backend not in ("xla", "interpret"):
+        return (pages_per_request,)
+    least = min(pages_per_request, cap.pages_for_tokens(chunk_size + 1))
+    widths = [pages_per_request]
+    while widths[-1] > least:
+        widths.append(max(least, cap.ceil_div(widths[-1], PREFILL_WIDTH_STEP)))
+    return tuple(reversed(widths))
+
+
+def step_programs(buckets: tuple[int, ...], speculative: bool, prefill_widths: int = 1) -> int:
+    """Model-step programs compiled at warm-up: a prefill program per page-table width
+    (`prefill_table_widths`) and every decode bucket (two per bucket with speculative decoding)."""
+    return prefill_widths + (2 if speculative else 1) * len(buckets)
 
 
 def compiled_step_programs(config: EngineConfig) -> int:
-    """`step_programs` of a config's decode buckets and speculative decoding."""
-    return step_programs(decode_buckets(config.max_concurrency), bool(config.speculative_tokens))
+    """`step_programs` of a config's decode buckets, prefill widths and speculative decoding."""
+    widths = prefill_table_widths(cap.pages_for_tokens(config.max_context), config.chunk_size, config.backend)
+    return step_programs(decode_buckets(config.max_concurrency), bool(config.speculative_tokens), len(widths))
 
 
 def compiled_program_bytes(model: ModelConfig) -> int:

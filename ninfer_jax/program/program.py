@@ -6,7 +6,9 @@ at warm-up, and applies ledger plans with `commit(plan)`. The engine asks it to 
 prefill chunk and one compact decode batch per cycle.
 
 Buckets: decode rows are padded to 2/4/8 (up to C; the capacity plan's `decode_buckets`, which also
-sizes their workspace); a prefill chunk is one row padded to `chunk_size` tokens. Padding rows carry
+sizes their workspace); a prefill chunk is one row padded to `chunk_size` tokens, its page table cut
+to the narrowest of the plan's `prefill_widths` that holds the pages up to the chunk's end (the XLA
+attention reads every page of its table; plan/workspace.prefill_table_widths). Padding rows carry
 slot -1, so they read zeros and write nothing. The pools are the plan's (`self.plan.capacity`).
 """
 from __future__ import annotations
@@ -100,6 +102,7 @@ class Program:
         self.eos_token_ids = tuple(cfg.eos_token_id)
         self.chunk_size = config.chunk_size
         self.decode_buckets = self.plan.decode_buckets
+        self.prefill_widths = self.plan.prefill_widths
         # State computed under another model, dtype or kernel backend is never adopted (CKP-4).
         # Points written with MTP K/V (speculative_tokens > 0) are their own execution (CKP-4).
         self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}" + ("|mtp" if self.speculative_tokens else "")
@@ -192,10 +195,18 @@ class Program:
         if self.takes_media and media is None:
             media = self._text_media(start, n)
         # numpy in, no eager jnp conversions: the compiled step takes host arrays directly.
-        extra = (self._tables([mtp_pages], 1),) if self.speculative_tokens else ()
+        width = self.prefill_width(start + n)
+        extra = (self._tables([mtp_pages], 1, width),) if self.speculative_tokens else ()
         logits = self._step("prefill", buf, np.array([start], np.int32), np.array([n], np.int32),
-                            self._tables([pages], 1), np.array([slot], np.int32), *extra, media=media)
+                            self._tables([pages], 1, width), np.array([slot], np.int32), *extra, media=media)
         return logits[0]
+
+    def prefill_width(self, end: int) -> int:
+        """The page-table width of a chunk ending at token `end`: the narrowest compiled one that
+        holds its keys (and, with MTP, the MTP layers' one slot after them). It depends on the chunk
+        alone, so a chunk's bits never depend on another request."""
+        need = -(-(end + (1 if self.speculative_tokens else 0)) // PAGE_SIZE)
+        return next((w for w in self.prefill_widths if w >= need), self.capacity.pages_per_request)
 
     def _text_media(self, start: int, n: int):
         """A text chunk's media inputs: no media rows, rotary positions = cache positions."""
@@ -243,10 +254,13 @@ class Program:
         slots = np.array([r.slot for r in rows] + [-1] * pad, np.int32)
         return tokens, positions, self._tables([r.pages for r in rows], bucket), slots
 
-    def _tables(self, page_lists, bucket: int) -> np.ndarray:
-        """Page tables `[bucket, pages_per_request]` of the rows' page lists (padding rows: zeros)."""
-        table = np.zeros((bucket, self.capacity.pages_per_request), np.int32)
+    def _tables(self, page_lists, bucket: int, width: int | None = None) -> np.ndarray:
+        """Page tables `[bucket, width]` (default `pages_per_request`) of the rows' page lists
+        (padding rows: zeros); a list's pages past `width` hold nothing the step reads."""
+        width = width or self.capacity.pages_per_request
+        table = np.zeros((bucket, width), np.int32)
         for i, pages in enumerate(page_lists):
+            pages = list(pages)[:width]
             table[i, :len(pages)] = pages
         return table
 
@@ -309,11 +323,13 @@ class Program:
     def warmup(self) -> None:
         """Compile every bucket once, on padding rows that write nothing."""
         if self.config.progress:
-            print(f"[ninfer] warming up {1 + len(self.decode_buckets)} step buckets", file=sys.stderr)
+            print(f"[ninfer] warming up {len(self.prefill_widths) + len(self.decode_buckets)} step buckets",
+                  file=sys.stderr)
         p = self.capacity.pages_per_request
-        self._run("prefill", jnp.zeros((1, self.chunk_size), jnp.int32), jnp.zeros(1, jnp.int32),
-                  jnp.zeros(1, jnp.int32), jnp.zeros((1, p), jnp.int32), jnp.full(1, -1, jnp.int32),
-                  media=self._text_media(0, 0) if self.takes_media else None)
+        for w in self.prefill_widths:
+            self._run("prefill", jnp.zeros((1, self.chunk_size), jnp.int32), jnp.zeros(1, jnp.int32),
+                      jnp.zeros(1, jnp.int32), jnp.zeros((1, w), jnp.int32), jnp.full(1, -1, jnp.int32),
+                      media=self._text_media(0, 0) if self.takes_media else None)
         for b in self.decode_buckets:
             if self.speculative_tokens:  # every decode row runs as a Verify unit; plain decode is not used
                 self.spec_decode([DecodeRow(0, 0, (), -1)] * b, [0] * b)

@@ -120,6 +120,16 @@ def test_a_failing_step_is_named_exit_1(run_lower, monkeypatch):
                                     "for b=2 (and 1 more: decode[b=4])")
 
 
+def test_the_xla_backend_lowers_a_prefill_per_page_table_width(run_lower):
+    """The XLA attention reads its whole table, so the Program compiles a prefill per width
+    (plan/workspace.prefill_table_widths); lower lowers each, named with its width."""
+    code, out, err = run_lower("--backend=xla", "--max_concurrency=1", "--max_context=2048", "--steps=prefill")
+    assert code == 0, err
+    widths = ("p=2]", "p=8]", "p=32]")  # the built-in's MTP head: prefill_spec at each width too
+    assert [line.split()[1] for line in out.splitlines()] == ([f"prefill[t=64,{w}" for w in widths]
+                                                              + [f"prefill_spec[t=64,{w}" for w in widths])
+
+
 def test_gdn_heads_too_small_for_triton_fail_by_name(run_lower, tmp_path):
     """The fixture's own Dk = Dv = 8: the Triton delta-rule kernels refuse them, named."""
     folder = _config_only(tmp_path, "qwen3_next")

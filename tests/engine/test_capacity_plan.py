@@ -99,7 +99,9 @@ def test_cfg2_80b_at_192_gib_solves_to_the_cfg6_upper_bound():
     usable = device * 9 // 10  # device_memory_fraction 0.9
     workspace = _decode_workspace(8, 32768)  # the 8-row decode step is the largest
     assert 512 * PAGE + STATE_IMAGE < workspace  # one request's whole context packed for the Host
-    compiled = 4 * (16 + LAYERS) * MIB + 64 * MIB  # prefill + 3 decode buckets, + head/movers/backend
+    # prefill at 5 page-table widths (2..512 pages: xla reads its whole table) + 3 decode buckets,
+    # + head/movers/backend
+    compiled = 8 * (16 + LAYERS) * MIB + 64 * MIB
     room = usable - PARAMS * 2 - workspace - compiled - 16 * STATE_IMAGE
     assert room // PAGE > 8 * 512  # more than C full contexts fit: CFG-6 caps the Main KV
 
@@ -122,7 +124,7 @@ def test_cfg2_a_smaller_fraction_makes_device_memory_the_limit():
     device = 192 * GIB
     plan = plan_capacity(_config(device_memory_bytes=device, device_memory_fraction=0.8), _model(), BF16)
     usable = device * 8 // 10
-    room = usable - PARAMS * 2 - 16 * STATE_IMAGE - _decode_workspace(8, 32768) - (4 * (16 + LAYERS) + 64) * MIB
+    room = usable - PARAMS * 2 - 16 * STATE_IMAGE - _decode_workspace(8, 32768) - (8 * (16 + LAYERS) + 64) * MIB
     assert 512 < room // PAGE < 4096
     assert plan.kv_pages == room // PAGE and plan.kv_limited_by == "device memory"
     assert 0 <= plan.free_bytes < PAGE
@@ -383,7 +385,10 @@ def test_each_figure_has_its_reason_and_the_buckets_are_the_plans():
                             "workspace", "compiled steps", "free", "Host arena", "default split"}
     assert "device memory" in reasons["Main KV"] and "CFG-6 range 512..4,096 pages" in reasons["Main KV"]
     assert plan.decode_buckets == (2, 4, 8) and plan.workspace.decode_rows == 8
-    assert plan.compiled_step_programs == 1 + len(plan.decode_buckets)
+    assert plan.prefill_widths == (2, 8, 32, 128, 512)  # a quarter each, down to one 64-token chunk's pages
+    assert plan.compiled_step_programs == len(plan.prefill_widths) + len(plan.decode_buckets)
+    pallas = plan_capacity(_config(backend="pallas", device_memory_bytes=192 * GIB), _model(), BF16)
+    assert pallas.prefill_widths == (512,)  # the kernels read only the pages a row holds
 
 
 def test_the_programs_build_their_pools_from_the_plan():
