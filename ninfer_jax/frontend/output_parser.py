@@ -5,6 +5,13 @@ Reads the Qwen3 / Hermes conventions the built-in template writes: an optional
 blocks. A block that is not a valid call stays in the content (the model's text is never lost).
 The structured result is what a client sends back next turn, and the template renders it in its
 normalised form, which is why the next prompt may stop matching E (SCN-1).
+
+Round trip: the content is the generated text with only the structural parts taken out, and of
+the text around them only the separators a ChatML template writes back when it renders the message
+(`<think>\n` … `\n</think>\n\n` around the reasoning, one newline before each tool call). Its own
+leading and trailing newlines stay, so a verbatim template (the built-in one) renders turn N's
+message back to exactly the text generated and turn N+1 reuses turn N whole. A template that
+strips or trims content itself (Qwen's `lstrip`) loses only what it strips.
 """
 from __future__ import annotations
 
@@ -58,7 +65,8 @@ def parse_assistant_output(text: str, *, call_id_prefix: str = "call_", reasonin
     if reasoning and THINK_CLOSE in text:
         head, _, text = text.partition(THINK_CLOSE)
         head = head.split(THINK_OPEN, 1)[-1]
-        thought = head.strip("\n")
+        thought = _cut(_cut(head, "\n", lead=True), "\n")  # the template's `<think>\n` and `\n</think>`
+        text = _cut(text, "\n\n", lead=True) if text.startswith("\n\n") else _cut(text, "\n", lead=True)
     else:
         thought = None
     calls: list[dict] = []
@@ -66,13 +74,22 @@ def parse_assistant_output(text: str, *, call_id_prefix: str = "call_", reasonin
     last = 0
     for match in (_TOOL_CALL.finditer(text) if tool_calls else ()):
         call = _call(match.group(1))
-        kept.append(text[last:match.start()] if call is not None else text[last:match.end()])
-        last = match.end()
-        if call is not None:
+        if call is None:
+            kept.append(text[last:match.end()])
+        else:  # the newline the template writes before each call is the call's, not content
+            kept.append(_cut(text[last:match.start()], "\n"))
             call["id"] = f"{call_id_prefix}{len(calls)}"
             calls.append(call)
+        last = match.end()
     kept.append(text[last:])
-    return ParsedOutput("".join(kept).strip("\n"), thought, tuple(calls))
+    return ParsedOutput("".join(kept), thought, tuple(calls))
+
+
+def _cut(text: str, sep: str, lead: bool = False) -> str:
+    """`text` without one `sep` at its start (`lead`) or end, where it has one."""
+    if lead:
+        return text[len(sep):] if text.startswith(sep) else text
+    return text[:-len(sep)] if text.endswith(sep) else text
 
 
 
@@ -81,14 +98,15 @@ _MARKERS = ("<tool_call>", THINK_OPEN, THINK_CLOSE)
 
 def _held_tail(text: str) -> int:
     """How many trailing characters could still be the start of a markup tag, or are newlines
-    the parse strips when nothing follows them."""
+    the parse would take as a separator if a tool call or `</think>` followed them."""
     hold = 0
     for marker in _MARKERS:
         for n in range(min(len(marker) - 1, len(text)), hold, -1):
             if text.endswith(marker[:n]):
                 hold = n
                 break
-    return max(hold, len(text) - len(text.rstrip("\n")))
+    rest = text[:len(text) - hold]
+    return hold + len(rest) - len(rest.rstrip("\n"))  # the newlines before a tag's start too
 
 
 class OutputStream:
@@ -98,7 +116,7 @@ class OutputStream:
     Nothing emitted is taken back: the content deltas add up to the final parse's `content`,
     the reasoning deltas to its `reasoning_content`, and the tool calls come with `finish`. So
     text is held while it could still change meaning: an open `<tool_call>` block (it may
-    become a call), a tail that may start a tag, newlines the parse would strip, and a
+    become a call), a tail that may start a tag, trailing newlines (a separator if a call follows), and a
     reasoning block until its `</think>` arrives. Whether the output has a reasoning block is
     decided once: the prompt opened one (`think_open`, a template whose generation prompt ends
     in `<think>`), or the output starts with `<think>`; otherwise a later `</think>` is plain
@@ -148,7 +166,7 @@ class OutputStream:
         safe = full[:max(start, len(full) - _held_tail(full))]
         opened = safe.rfind("<tool_call>", start) if self._tools else -1
         if opened >= 0 and "</tool_call>" not in safe[opened:]:
-            safe = safe[:opened]
+            safe = _cut(safe[:opened], "\n")  # held with the block: the call's separator if it is one
         return self._deltas(self._parse(safe))
 
     def finish(self) -> tuple[str, str, tuple[dict, ...]]:

@@ -58,13 +58,13 @@ def test_chat_greedy_and_seeded_equal_the_engine_in_process(live):
                     {"temperature": 0.9, "top_p": 0.95, "seed": 11})):
         want = srv.engine.chat(USER, sampling=sp)
         got = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=12, **kw)
-        assert got.choices[0].message.content == want.text.strip("\n")
+        assert got.choices[0].message.content == want.text
         assert got.usage.completion_tokens == len(want.token_ids)
         assert got.usage.prompt_tokens == len(want.prompt_token_ids)
         stream = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=12, stream=True,
                                                 stream_options={"include_usage": True}, **kw)
         chunks = list(stream)
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text.strip("\n")
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
         assert chunks[-1].usage.completion_tokens == len(want.token_ids)
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     _settled(srv)
@@ -112,7 +112,48 @@ def test_second_agent_turn_reports_cached_tokens_equal_to_the_engine_counter(liv
     assert cached > 0 and cached == srv.engine.stats()["cached_tokens"] - before
     # Exactness (doctrine 1): the cached turn equals the same turn on the engine in process.
     want = srv.engine.chat(history, tools=[WEATHER], sampling=SamplingParams(temperature=0, max_tokens=8))
-    assert second.choices[0].message.content == want.text.strip("\n")
+    assert second.choices[0].message.content == want.text
+    _settled(srv)
+
+
+def _starts_with(ids, *parts) -> bool:
+    want = [t for part in parts for t in part]
+    return list(ids[:len(want)]) == want
+
+
+def test_turn_two_renders_turn_one_exactly_over_chat_and_responses(live):
+    """Issue 36: the returned message is the generated text with only its structure taken out, so
+    the next turn's prompt starts with turn 1's prompt + generated tokens, whole (the built-in
+    template renders content verbatim; every reply of this model starts with a newline, which a
+    stripped reply lost). Streamed, not streamed, and a Responses chain's stored output."""
+    srv, client = live
+    user = [{"role": "user", "content": "Tell me a story about a cat."}]
+    want = srv.engine.chat(user, sampling=SamplingParams(temperature=0, max_tokens=24))
+    assert want.text.startswith("\n")  # what the stripped reply dropped
+    frontend = srv.engine.chat_frontend()
+    replies = [client.chat.completions.create(model=MODEL, messages=user, max_tokens=24, temperature=0)
+               .choices[0].message.content]
+    stream = client.chat.completions.create(model=MODEL, messages=user, max_tokens=24, temperature=0, stream=True)
+    replies.append("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+    for reply in replies:
+        nxt = frontend.render_chat(user + [{"role": "assistant", "content": reply}, {"role": "user", "content": "More."}])
+        assert _starts_with(nxt.token_ids, want.prompt_token_ids, want.token_ids)
+    before = srv.engine.stats()["cached_tokens"]
+    second = client.chat.completions.create(
+        model=MODEL, messages=user + [{"role": "assistant", "content": replies[0]}, {"role": "user", "content": "More."}],
+        max_tokens=2, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens == srv.engine.stats()["cached_tokens"] - before > 0
+    # Responses: the chain renders the stored output, the same way.
+    system = {"role": "system", "content": "Be brief."}
+    first = srv.engine.chat([system, {"role": "user", "content": "Hi there"}],
+                            sampling=SamplingParams(temperature=0, max_tokens=12))
+    r1 = client.responses.create(model=MODEL, input="Hi there", instructions="Be brief.", max_output_tokens=12,
+                                 temperature=0)
+    assert r1.output_text == first.text
+    with srv.http.front.store_lock:
+        chained = frontend.render_responses("And now?", store=srv.http.front.store, previous_response_id=r1.id,
+                                            instructions="Be brief.")
+    assert _starts_with(chained.prompt.token_ids, first.prompt_token_ids, first.token_ids)
     _settled(srv)
 
 
@@ -130,7 +171,7 @@ def test_cache_control_on_a_content_part_is_a_shared_marker(live):
     assert srv.engine.stats()["cache_hits_shared"] == shared + 1
     want = srv.engine.chat([system, {"role": "user", "content": "Oslo!"}],
                            sampling=SamplingParams(temperature=0, max_tokens=4))
-    assert other.choices[0].message.content == want.text.strip("\n")
+    assert other.choices[0].message.content == want.text
     _settled(srv)
 
 
@@ -148,7 +189,7 @@ def test_responses_chained_by_previous_response_id(live):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
                 {"role": "assistant", "content": r1.output_text}, {"role": "user", "content": "And now?"}]
     want = srv.engine.chat(messages, sampling=SamplingParams(temperature=0, max_tokens=6))
-    assert r2.output_text == want.text.strip("\n")
+    assert r2.output_text == want.text
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, input="x", previous_response_id="resp-unknown")
     _settled(srv)

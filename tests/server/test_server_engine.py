@@ -86,6 +86,20 @@ def test_chat_turns_and_cached_tokens(real, settled):
     settled(srv, engine)
 
 
+def test_turn_two_renders_turn_one_exactly(real, settled):
+    """Issue 36: the final message is the generated text with only its structure taken out, so
+    the next turn's prompt starts with turn 1's prompt + generated tokens, whole."""
+    srv, client, engine = real
+    turn1 = [{"role": "user", "content": "Say something."}]
+    first = client.chat(turn1, sampling=GREEDY)
+    want = engine.chat(turn1, sampling=SamplingParams(**GREEDY))
+    assert first.token_ids == list(want.token_ids) and want.text.startswith("\n")
+    nxt = engine.chat_frontend().render_chat(turn1 + [first.message, {"role": "user", "content": "More."}])
+    exact = list(want.prompt_token_ids) + list(want.token_ids)
+    assert list(nxt.token_ids[:len(exact)]) == exact
+    settled(srv, engine)
+
+
 def test_cancel_mid_stream_frees_everything(real, settled):
     srv, client, engine = real
     cancelled = engine.stats()["requests_cancelled"]
