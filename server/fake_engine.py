@@ -144,6 +144,11 @@ class FakeEngine:
         with self._lock:
             out = dict(self._stats)
             out.update(running=len(self._running), waiting=len(self._waiting), step_seconds=self.step_s)
+            # The real engine's names, so /metrics reads the fake the same way (server/metrics.py).
+            out.update(residents=len(self._running), queued=len(self._waiting),
+                       requests_finished=self._stats["finished_stop"] + self._stats["finished_length"],
+                       requests_cancelled=self._stats["finished_cancelled"],
+                       requests_failed=self._stats["finished_error"])
             return out
 
     def check_integrity(self) -> None:

@@ -9,7 +9,8 @@ object with its HTTP status. Rendering and tokenising run on worker threads, not
 loop, so a long prompt does not hold up other streams. Each running request has a relay thread that moves its deltas
 from the engine's handle onto the event loop, so no worker thread blocks on a request that
 is still queued. A request ends in the engine when its client goes: a disconnected stream
-(Starlette cancels the generator) or a client that leaves a non-streaming call cancels it.
+(Starlette cancels the generator) or a client that leaves a non-streaming call (a task waits for
+the disconnect beside the output) cancels it.
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ from server.openai_schema import ChatCompletionRequest, CompletionRequest, Respo
 from server.validate import WARMING_UP
 
 log = logging.getLogger("ninfer.http")
-_POLL_S = 0.25  # how often a non-streaming call looks whether its client is still there
 
 
 class OpenAIFront(RunningRequests):
@@ -156,22 +156,28 @@ class OpenAIFront(RunningRequests):
         return q
 
     async def wait_done(self, handle, q: asyncio.Queue, request: Request) -> tuple[list, Any]:
-        """Every delta and the completion; cancels the request if the client leaves first."""
+        """Every delta and the completion; cancels the request the moment its client leaves (a
+        task waits for the connection's `http.disconnect` beside the deltas, so a request that
+        keeps generating is cancelled as promptly as a quiet one)."""
         deltas = []
-        while True:
-            try:
-                kind, item = await asyncio.wait_for(q.get(), _POLL_S)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            while True:
+                got = asyncio.ensure_future(q.get())
+                await asyncio.wait({got, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():
+                    got.cancel()
                     handle.cancel()
                     raise oc.ApiError(499, "client closed the connection")
-                continue
-            if kind == "delta":
-                deltas.append(item)
-            elif kind == "done":
-                return deltas, item
-            else:
-                raise item
+                kind, item = got.result()
+                if kind == "delta":
+                    deltas.append(item)
+                elif kind == "done":
+                    return deltas, item
+                else:
+                    raise item
+        finally:
+            gone.cancel()
 
     async def completion(self, handle, q: asyncio.Queue, request: Request):
         """The finished request, or the API error it ended with (its deltas are not needed)."""
@@ -184,6 +190,13 @@ class OpenAIFront(RunningRequests):
         if done.finish_reason == "error":
             raise _engine_failed(done)
         return done
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone. The body is read already, so the next ASGI message is
+    the disconnect (the server sends it when the connection closes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _sse(obj: Any) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 
 import httpx2
 import openai
@@ -233,6 +234,89 @@ def test_malformed_json_and_oversized_bodies(live):
     big = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "a" * (9 << 20)}]})
     r = httpx2.post(url, content=big.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+# --- a client that leaves ---------------------------------------------------------------------
+def _metric(base: str, name: str, **labels) -> float:
+    text = httpx2.get(f"{base}/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    raise AssertionError(f"{name} {labels} not exported")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_a_generating_request_cancels_it(stream):
+    """Issue 36: a request that keeps generating (a token every 50 ms, 2,000 to go: 100 s) is
+    cancelled once its client goes, streamed or not: it ends `cancelled`, frees its lane, and
+    the metrics show it. (The non-streaming call used to look for its client only after 0.25 s
+    without output, which a generating request never reaches.)"""
+    fake = FakeEngine(max_concurrency=2, max_context=4096, step_s=0.05, min_len=2000, max_len=2000, model="fake:tiny")
+    srv = _serve(lambda: fake)
+    try:
+        base = f"http://127.0.0.1:{srv.http.port}"
+        body = {"model": "fake:tiny", "messages": USER, "max_tokens": 2000, "stream": stream}
+        with httpx2.Client(timeout=httpx2.Timeout(10.0, read=0.5)) as http:
+            if stream:  # leave after the first chunks: closing the response closes the connection
+                with http.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
+                    for i, _ in enumerate(resp.iter_raw()):
+                        if i == 3:
+                            break
+            else:  # nothing comes before the end: the client gives up waiting
+                with pytest.raises(httpx2.ReadTimeout):
+                    http.post(f"{base}/v1/chat/completions", json=body)
+        assert wait_until(lambda: fake.stats()["requests_cancelled"] == 1, 30.0), fake.stats()
+        assert wait_until(lambda: srv.http.front.active_count() == 0, 30.0)
+        stats = fake.stats()
+        assert stats["residents"] == 0 and stats["requests_finished"] == 0 and stats["generated_tokens"] < 2000
+        assert _metric(base, "ninfer:requests_total", outcome="cancelled") == 1
+        assert _metric(base, "ninfer:requests_running") == 0
+        fake.check_integrity()
+    finally:
+        srv.shutdown(grace_s=1.0)
+        fake.close()
+
+
+def test_a_queued_stream_whose_client_leaves_is_cancelled_before_it_runs():
+    """A quiet stream (queued behind a 100-second request, so it writes nothing after its first
+    chunk) is cancelled when its client goes, not when it would next write."""
+    fake = FakeEngine(max_concurrency=1, max_context=4096, step_s=0.05, min_len=2000, max_len=2000, model="fake:tiny")
+    srv = _serve(lambda: fake)
+    try:
+        url = f"http://127.0.0.1:{srv.http.port}/v1/chat/completions"
+        release = threading.Event()
+        blocker = threading.Thread(target=lambda: _leave_after(url, stream=True, read_s=30.0, until=release),
+                                   daemon=True)
+        blocker.start()
+        assert wait_until(lambda: fake.stats()["residents"] == 1, 30.0)
+        _leave_after(url, stream=True, read_s=30.0)  # queued: reads its first chunk, then closes
+        assert wait_until(lambda: fake.stats()["requests_cancelled"] == 1, 30.0), fake.stats()
+        assert fake.stats()["residents"] == 1  # the blocker still runs: the queued one went without running
+        release.set()
+        blocker.join(30.0)
+        assert wait_until(lambda: fake.stats()["requests_cancelled"] == 2, 30.0), fake.stats()
+        assert wait_until(lambda: srv.http.front.active_count() == 0, 30.0)
+        fake.check_integrity()
+    finally:
+        srv.shutdown(grace_s=1.0)
+        fake.close()
+
+
+def _leave_after(url: str, *, stream: bool, read_s: float, until: threading.Event | None = None) -> None:
+    """A long chat request whose client goes: a stream after its first chunk (and once `until` is
+    set), a plain call when its read times out (`read_s`)."""
+    body = {"model": "fake:tiny", "messages": USER, "max_tokens": 2000, "stream": stream}
+    with httpx2.Client(timeout=httpx2.Timeout(10.0, read=read_s)) as http:
+        if stream:
+            with http.stream("POST", url, json=body) as resp:
+                chunks = resp.iter_raw()  # kept: a dropped iterator closes the response
+                next(chunks)
+                if until is not None:
+                    until.wait(60.0)
+        else:
+            with pytest.raises(httpx2.ReadTimeout):
+                http.post(url, json=body)
 
 
 # --- auth, health, a scripted tool call --------------------------------------------------------
