@@ -15,7 +15,8 @@ from server.limits import ServerLimits
 from server.proto import ninfer_pb2 as pb
 
 _OPTIONAL_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                      "frequency_penalty", "seed", "max_tokens", "ignore_eos", "logprobs")
+                      "frequency_penalty", "seed", "max_tokens", "ignore_eos", "logprobs", "min_tokens",
+                      "include_stop_str_in_output")
 FINISH_REASON = {
     "stop": pb.FINISH_REASON_STOP,
     "length": pb.FINISH_REASON_LENGTH,

@@ -291,11 +291,13 @@ def build_app(front: OpenAIFront) -> FastAPI:
         def submit():
             frontend = engine.chat_frontend()
             rendered = frontend.render_chat(kwargs["messages"], tools=kwargs["tools"],
-                                            cache_markers=kwargs["cache_markers"])
+                                            cache_markers=kwargs["cache_markers"],
+                                            template_kwargs=kwargs["template_kwargs"])
             anchored = None
             if kwargs["anchors"]:
                 anchored = frontend.render_chat(kwargs["messages"], tools=kwargs["tools"],
-                                                cache_markers=kwargs["anchors"], marker_policy="none")
+                                                cache_markers=kwargs["anchors"], marker_policy="none",
+                                                template_kwargs=kwargs["template_kwargs"])
             handle = engine.submit_rendered(rendered, sampling=sampling, request_id=rid, session=kwargs["session"],
                                             anchors=anchored)
             return rendered, handle
@@ -347,6 +349,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
         fmt = fmt.get("type", "text")
         if fmt != "text":
             raise oc.unsupported("text.format", f"type {fmt!r} is not served (no constrained decoding)")
+        oc.refuse_unserved(req)
         tools = _submit(lambda: oc.responses_tools(req.tools))
 
         def submit():

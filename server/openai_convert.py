@@ -73,11 +73,59 @@ def new_id(prefix: str) -> str:
 
 
 # --- requests ------------------------------------------------------------------------------------
+_NO_GRAMMAR = "not served yet: structured output needs constrained decoding"
+# Fields of vLLM's OpenAI server (and a few of OpenAI's) that this server does not honour: a
+# request that sets one to anything but its neutral value is refused naming it, never served
+# as if it had not been sent. {name: (the values that change nothing, why)}.
+UNSERVED: dict[str, tuple[tuple, str]] = {
+    "prompt_logprobs": ((None, 0), "not served yet: prompt logprobs need every prefill position's logits"),
+    "guided_json": ((None,), _NO_GRAMMAR), "guided_regex": ((None,), _NO_GRAMMAR),
+    "guided_choice": ((None,), _NO_GRAMMAR), "guided_grammar": ((None,), _NO_GRAMMAR),
+    "guided_decoding_backend": ((None,), _NO_GRAMMAR), "guided_whitespace_pattern": ((None,), _NO_GRAMMAR),
+    "structured_outputs": ((None,), _NO_GRAMMAR),
+    "use_beam_search": ((None, False), "beam search is not served"),
+    "length_penalty": ((None, 1, 1.0), "beam search is not served"),
+    "bad_words": ((None, []), "not supported by this engine"),
+    "allowed_token_ids": ((None,), "not supported by this engine"),
+    "logits_processors": ((None, []), "not supported by this engine"),
+    "truncate_prompt_tokens": ((None,), "prompts are never truncated: a prompt that does not fit is refused"),
+    "continue_final_message": ((None, False), "not supported by this engine"),
+    "add_generation_prompt": ((None, True), "the prompt always ends with the assistant's generation prompt"),
+    "chat_template": ((None,), "the model's own template renders every request"),
+    "documents": ((None, []), "not supported by this engine"),
+    "mm_processor_kwargs": ((None, {}), "not supported by this engine"),
+    "skip_special_tokens": ((None, True), "special tokens are always skipped in text"),
+    "spaces_between_special_tokens": ((None, True), "special tokens are always skipped in text"),
+    "return_tokens_as_token_ids": ((None, False), "not supported by this engine"),
+    "priority": ((None, 0), "requests have no priorities"),
+    "functions": ((None, []), "the legacy functions API is not served: send tools"),
+    "function_call": ((None, "auto", "none"), "the legacy functions API is not served: send tools"),
+    "prediction": ((None,), "predicted outputs are not served"),
+    "modalities": ((None, ["text"]), "only text output is served"),
+    "audio": ((None,), "only text output is served"),
+    "reasoning_effort": ((None,), "not served: use chat_template_kwargs (enable_thinking) where the template has it"),
+    "web_search_options": ((None,), "not supported by this engine"),
+}
+
+
 def _common_refusals(req) -> None:
     if req.n not in (None, 1):
         raise unsupported("n", "only n=1 is served (one choice per request)")
     if req.logit_bias:
         raise unsupported("logit_bias", "not supported by this engine")
+    refuse_unserved(req)
+
+
+def refuse_unserved(req) -> None:
+    """A 400 naming the first field of `UNSERVED` the request sets to a value that would matter."""
+    for name, value in (req.model_extra or {}).items():
+        if name in UNSERVED and not _neutral(value, UNSERVED[name][0]):
+            raise unsupported(name, UNSERVED[name][1])
+
+
+def _neutral(value, neutral: tuple) -> bool:
+    """`value` is one of the values that change nothing (of the same type: `true` is not `1`)."""
+    return any(type(value) is type(ok) and value == ok for ok in neutral)
 
 
 def sampling_of(req, *, max_tokens: int | None, logprobs: int, limits: ServerLimits, max_context: int,
@@ -86,10 +134,12 @@ def sampling_of(req, *, max_tokens: int | None, logprobs: int, limits: ServerLim
     RequestError (SamplingParams' own checks) or BadRequest (server limits) on bad values."""
     fields: dict[str, Any] = {}
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty", "ignore_eos"):
+                 "repetition_penalty", "ignore_eos", "min_tokens", "include_stop_str_in_output"):
         value = getattr(req, name, None)
         if value is not None:
             fields[name] = value
+    if getattr(req, "stop_token_ids", None):
+        fields["stop_token_ids"] = tuple(req.stop_token_ids)
     seed = getattr(req, "seed", None) if seed is None else seed
     if seed is not None:
         fields["seed"] = seed
@@ -134,7 +184,8 @@ def chat_request(req, limits: ServerLimits, max_context: int) -> tuple[dict, Sam
     sampling = sampling_of(req, max_tokens=max_tokens, logprobs=max(top or 0, 1) if top is not None else 0,
                            limits=limits, max_context=max_context)
     kwargs = {"messages": req.messages, "tools": req.tools or None, "session": req.session or None,
-              "cache_markers": req.cache_markers or None, "anchors": req.anchors or None}
+              "cache_markers": req.cache_markers or None, "anchors": req.anchors or None,
+              "template_kwargs": req.chat_template_kwargs or None}
     return kwargs, sampling, top
 
 

@@ -2,13 +2,16 @@
 
 Each model names the fields the API honours. Fields of the OpenAI API that this engine cannot
 honour (`n` > 1, forced tool choice, `logit_bias`, a JSON `response_format`, `echo`, ...) are
-refused with a 400 naming the field, never ignored. Unknown extra fields are ignored, as the
-field's servers do (clients send vendor extensions), except that their names are not guessed at.
+refused with a 400 naming the field, never ignored; so are the fields of vLLM's server this one
+does not serve (`openai_convert.UNSERVED`). Other unknown fields are ignored, as the field's
+servers do (clients send vendor extensions).
 
 Extensions (docs/http.md): `cache_markers` (SH-1..4, the wire form: non-negative indices),
-`anchors` (REC-1 private anchors, same form), `session` (session affinity of sources),
-`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`; on completions, `recovery_point`,
-`anchors` and `markers` as token frontiers (Engine.submit's explicit save points).
+`anchors` (REC-1 private anchors, same form), `session` (session affinity of sources); with
+vLLM's meanings `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `stop_token_ids`,
+`min_tokens`, `include_stop_str_in_output` and, on chat, `chat_template_kwargs`; on
+completions, `recovery_point`, `anchors` and `markers` as token frontiers (Engine.submit's
+explicit save points).
 """
 from __future__ import annotations
 
@@ -40,11 +43,14 @@ class _Sampling(_Body):
     stream_options: Optional[StreamOptions] = None
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
-    # extensions
+    # extensions (vLLM's names and meanings)
     top_k: Optional[int] = None
     min_p: Optional[float] = None
     repetition_penalty: Optional[float] = None
     ignore_eos: Optional[bool] = None
+    stop_token_ids: Optional[list[int]] = None
+    min_tokens: Optional[int] = None
+    include_stop_str_in_output: Optional[bool] = None
     session: Optional[str] = None
 
 
@@ -60,6 +66,7 @@ class ChatCompletionRequest(_Sampling):
     response_format: Optional[dict[str, Any]] = None
     cache_markers: Optional[list[dict[str, Any]]] = None
     anchors: Optional[list[dict[str, Any]]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # passed to the template (enable_thinking, ...)
 
 
 class CompletionRequest(_Sampling):

@@ -107,12 +107,15 @@ SAMPLING_BOUNDS: dict[str, Bound] = {
     "seed": Bound("int", 0, False, 2 ** 63, True, "must be an int in [0, 2**63)"),  # uint64 on the wire
     "max_tokens": Bound("int", 1, False, None, False, "must be a positive int", INT32_MAX),
     "logprobs": Bound("int", 0, False, 20, False, "must be an int in [0, 20]", INT32_MAX),
+    "min_tokens": Bound("int", 0, False, None, False, "must be a non-negative int", INT32_MAX),
 }
+DEFAULT_MAX_TOKENS = 128  # SamplingParams.max_tokens' default (the client does not import the engine)
 # SamplingParams fields the protocol does not carry: replay only (`ninfer trace`, in process).
 REPLAY_ONLY_FIELDS = ("forced_output",)
-# Every other SamplingParams field, in its order of checks (ignore_eos is not range-checked).
+# Every other SamplingParams field, in its order of checks (the bools are not range-checked).
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs")
+                   "frequency_penalty", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs",
+                   "min_tokens", "include_stop_str_in_output")
 
 
 def _too_big_for_wire(field: str, value: int, wire_max: int) -> None:
@@ -164,10 +167,13 @@ def check_sampling(sampling: Any) -> dict[str, Any] | None:
                     _too_big_for_wire(field, t, INT32_MAX)
             if value:
                 out[name] = [int(t) for t in value]
-        elif name == "ignore_eos":
+        elif name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(value, bool) and value not in (0, 1):
                 _fail(field, f"must be a bool, got {value!r}")
             out[name] = bool(value)
+    most = out.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if out.get("min_tokens", 0) > most:
+        _fail("sampling.min_tokens", f"must not exceed max_tokens ({most}), got {out['min_tokens']}")
     return out
 
 

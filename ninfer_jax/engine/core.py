@@ -121,7 +121,8 @@ class EngineCore(UnitPlanning, Execution):
         splits = tuple(sorted({f for f in splits if 0 < f < len(prompt)} | {s.frontier for s in saves}))
         return Request(ticket=ticket, request_id=rid, prompt=prompt, sampling=sp, seed=seed,
                        max_context=self.max_context, handle=handle, outbox=outbox,
-                       detok=Detokenizer(self.decode_text, () if sp.forced_output else sp.stop, self.pieces),
+                       detok=Detokenizer(self.decode_text, () if sp.forced_output else sp.stop, self.pieces,
+                                         min_tokens=sp.min_tokens, include_stop=sp.include_stop_str_in_output),
                        stop_ids=frozenset(stop_ids),
                        saves=saves, splits=splits, session=session, t_submit=self.program.clock(), raw=raw,
                        media=media)

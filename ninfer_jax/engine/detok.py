@@ -2,7 +2,9 @@
 
 Text is released only when it is final: not while the last character is an incomplete
 multi-byte sequence, and not while its tail could still become a stop string. A stop string
-ends the request; the text before it is the output (the stop string itself is not).
+ends the request; the text before it is the output (the stop string itself too with
+`include_stop`). With `min_tokens`, stop strings count only from the text of that token on
+(vLLM's min_tokens): before it, text is released as it settles.
 
 Each token costs a constant amount, not the output's length (decoding every id each time made
 streaming quadratic): it decodes a short window that starts one settled step back, so a
@@ -27,7 +29,7 @@ _TRIM = 256  # settled characters dropped in batches, not one slice per token
 
 class Detokenizer:
     def __init__(self, decode: Callable[[Sequence[int]], str] | None, stop: Sequence[str] = (),
-                 pieces: Sequence[bytes] | None = None):
+                 pieces: Sequence[bytes] | None = None, *, min_tokens: int = 0, include_stop: bool = False):
         self._decode = decode
         self._pieces_of = pieces if decode is not None else None  # id → bytes (byte-level fast path)
         # The incremental UTF-8 decoder's own work, without its wrapper: the bytes of an
@@ -44,6 +46,10 @@ class Detokenizer:
         self._sent = 0  # characters released
         self._pieces: list[str] = []
         self.stopped = False
+        self._include_stop = include_stop
+        self._min_tokens = min_tokens
+        self._pushed = 0  # tokens pushed
+        self._armed_at = 0 if min_tokens <= 1 else None  # where stop strings may start (full-text index)
 
     @property
     def sent(self) -> str:
@@ -83,19 +89,24 @@ class Detokenizer:
         """Add one token; return the newly final text (possibly empty)."""
         if self._decode is None:
             return ""
+        self._pushed += 1
+        if self._armed_at is None and self._pushed >= self._min_tokens:
+            self._armed_at = self._sent  # min_tokens reached: stops may start in this token's text
         if self._utf8 is not None:
             full = self._bytes_text(token)
         else:
             self._ids.append(token)
             full = self._text()
-        if self._stop:
-            start = max(0, self._sent - self._base - self._keep)
-            hits = [i for i in (full.find(s, start) for s in self._stop) if i >= 0]
+        armed = self._armed_at is not None
+        if self._stop and armed:
+            start = max(0, self._sent - self._base - self._keep, self._armed_at - self._base)
+            hits = [(i, -len(s)) for s, i in ((s, full.find(s, start)) for s in self._stop) if i >= 0]
             if hits:
                 self.stopped = True
-                return self._release(full, min(hits))
+                at, longest = min(hits)  # the first stop string, the longest of those starting there
+                return self._release(full, at - longest if self._include_stop else at)
         hold = 1 if full.endswith("\ufffd") else 0
-        for s in self._stop:  # the longest tail that could still grow into a stop string
+        for s in self._stop if armed else ():  # the longest tail that could still grow into a stop string
             for n in range(min(len(s) - 1, len(full)), hold, -1):
                 if full.endswith(s[:n]):
                     hold = n

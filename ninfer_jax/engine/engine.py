@@ -276,15 +276,19 @@ class Engine:
         return self._chat
 
     def submit_chat(self, messages: list[dict], *, tools=None, session=None, cache_markers=None, anchors=None,
-                    sampling: SamplingParams | None = None, request_id: str | None = None) -> RequestHandle:
+                    sampling: SamplingParams | None = None, request_id: str | None = None,
+                    template_kwargs: dict | None = None) -> RequestHandle:
         """Render the conversation with the model's chat template and queue it. The frontend
         chooses every frontier the cache saves at: the input recovery point (C or typed R),
-        shared markers (explicit and the automatic one), explicit private anchors."""
+        shared markers (explicit and the automatic one), explicit private anchors.
+        `template_kwargs`: extra variables for the template (`enable_thinking`, ...)."""
         frontend = self._frontend()
-        rendered = frontend.render_chat(messages, tools=tools, cache_markers=cache_markers)
+        rendered = frontend.render_chat(messages, tools=tools, cache_markers=cache_markers,
+                                        template_kwargs=template_kwargs)
         anchored = None
         if anchors:
-            anchored = frontend.render_chat(messages, tools=tools, cache_markers=anchors, marker_policy="none")
+            anchored = frontend.render_chat(messages, tools=tools, cache_markers=anchors, marker_policy="none",
+                                            template_kwargs=template_kwargs)
         return self.submit_rendered(rendered, sampling=sampling, request_id=request_id, session=session,
                                     anchors=anchored)
 
@@ -317,9 +321,9 @@ class Engine:
         return self._frontend()
 
     def chat(self, messages: list[dict], tools=None, session=None, cache_markers=None,
-             sampling: SamplingParams | None = None, anchors=None) -> Completion:
+             sampling: SamplingParams | None = None, anchors=None, template_kwargs: dict | None = None) -> Completion:
         handle = self.submit_chat(messages, tools=tools, session=session, cache_markers=cache_markers,
-                                  anchors=anchors, sampling=sampling)
+                                  anchors=anchors, sampling=sampling, template_kwargs=template_kwargs)
         while self._thread is None and not handle.done():
             self.step()
         return handle.result()

@@ -117,7 +117,8 @@ class Execution:
             elif sampling.plain_greedy(sp):
                 token = int(np.argmax(np.asarray(logits[j], np.float32)))
             else:
-                token, lp = sampling.sample(logits[j], sp, req.seed, base + len(out), req.prompt, out)
+                token, lp = sampling.sample(logits[j], sp, req.seed, base + len(out), req.prompt, out,
+                                            sampling.held_ids(req.stop_ids, sp, out))
             choices.append((token, lp))
             out.append(token)
             if j == wanted or token != int(drafts[j]):
@@ -188,7 +189,8 @@ class Execution:
             lp = sampling.logprob_of(logits, sp, token, req.prompt, output) if sp.logprobs else None
         elif token is None:
             position = len(req.prompt) + len(output)
-            token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output)
+            token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output,
+                                        sampling.held_ids(req.stop_ids, sp, output))
         reason = self._emit(req, token, lp, now)
         if reason is not None:
             self._finish(req, reason)
@@ -216,10 +218,12 @@ class Execution:
         if lp is not None:
             req.logprobs.append(lp)
         detok = req.detok
-        text = detok.push(token)
+        stop_id = token in req.stop_ids
+        # A stop id's own text is not output unless asked for (vLLM's include_stop_str_in_output).
+        text = detok.flush() if stop_id and not sp.include_stop_str_in_output else detok.push(token)
         req.outbox.push(TokenDelta((token,), text, (lp,) if lp is not None else ()))
         n = len(output)
-        if detok.stopped or token in req.stop_ids or n == len(sp.forced_output) > 0:
+        if detok.stopped or stop_id or n == len(sp.forced_output) > 0:
             return "stop"
         if n >= sp.max_tokens or len(req.prompt) + n >= req.max_context:
             return "length"

@@ -25,7 +25,13 @@ def plain_greedy(sp: SamplingParams) -> bool:
     """Greedy with nothing that reshapes or reports the distribution: the token is the argmax of
     the raw logits, so a batch of such rows is chosen by one argmax (`greedy_rows`)."""
     return (sp.greedy and not sp.logprobs and sp.repetition_penalty == 1.0 and not sp.presence_penalty
-            and not sp.frequency_penalty and not sp.forced_output)
+            and not sp.frequency_penalty and not sp.forced_output and not sp.min_tokens)
+
+
+def held_ids(stop_ids, sp: SamplingParams, output: Sequence[int]):
+    """The ids a row may not draw at its next position: its stop ids (EOS included) while fewer
+    than `min_tokens` tokens are out."""
+    return stop_ids if len(output) < sp.min_tokens else ()
 
 
 def greedy_rows(logits: np.ndarray) -> list[int]:
@@ -34,8 +40,11 @@ def greedy_rows(logits: np.ndarray) -> list[int]:
     return np.argmax(np.asarray(logits, np.float32), axis=1).tolist()
 
 
-def _penalised(logits: np.ndarray, sp: SamplingParams, prompt: Sequence[int], output: Sequence[int]) -> np.ndarray:
+def _penalised(logits: np.ndarray, sp: SamplingParams, prompt: Sequence[int], output: Sequence[int],
+               held=()) -> np.ndarray:
     x = logits.astype(np.float64, copy=True)
+    if held:  # min_tokens: these cannot be drawn yet
+        x[np.fromiter(held, dtype=np.int64)] = -np.inf
     if sp.repetition_penalty != 1.0:
         seen = np.fromiter(set(prompt) | set(output), dtype=np.int64)
         if seen.size:
@@ -68,12 +77,14 @@ def logprob_of(logits: np.ndarray, sp: SamplingParams, token: int, prompt: Seque
 
 
 def sample(logits: np.ndarray, sp: SamplingParams, seed: int, position: int,
-           prompt: Sequence[int], output: Sequence[int]) -> tuple[int, TokenLogprob | None]:
+           prompt: Sequence[int], output: Sequence[int], held=()) -> tuple[int, TokenLogprob | None]:
     """Choose the token at `position` from `logits` `[V]`; also its logprob entry when asked.
+    `held`: ids that may not be drawn here (`held_ids`: min_tokens).
 
-    Logprobs are those of the penalised distribution before temperature and truncation.
+    Logprobs are those of the penalised distribution (held ids at -inf) before temperature and
+    truncation.
     """
-    x = _penalised(logits, sp, prompt, output)
+    x = _penalised(logits, sp, prompt, output, held)
     if sp.greedy:
         token = int(np.argmax(x))
     else:

@@ -35,6 +35,11 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int = 0  # how many top logprobs to return per token (0 = none)
+    # Until this many tokens are out, EOS and the stop ids cannot be drawn (their logits are
+    # masked) and no stop string ends the request (vLLM's min_tokens).
+    min_tokens: int = 0
+    # The stop string (or a stop id's text) that ended the request stays in its text.
+    include_stop_str_in_output: bool = False
     # Replay only: the engine emits exactly these tokens, through the normal decode path, and
     # ends ("stop") after the last one (or at max_tokens / max_context). No sampling, no stop
     # strings or eos: a trace replayed this way ends where the recorded request ended.
@@ -75,6 +80,12 @@ class SamplingParams:
             bad("stop", f"at most 16 stop strings, got {len(self.stop)}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "must be non-negative ints")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            bad("min_tokens", f"must be a non-negative int, got {self.min_tokens!r}")
+        if isinstance(self.max_tokens, int) and self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"must not exceed max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            bad("include_stop_str_in_output", f"must be a bool, got {self.include_stop_str_in_output!r}")
         if not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20:
             bad("logprobs", f"must be an int in [0, 20], got {self.logprobs!r}")
         try:

@@ -153,8 +153,10 @@ def test_text_held_for_a_possible_stop_string_is_output_when_a_stop_token_ends_t
     free = engine.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).token_ids
     k = next(i for i, t in enumerate(free) if i >= 2 and tok.decode([t], skip_special_tokens=True).strip())
     piece = tok.decode([free[k]], skip_special_tokens=True)
+    # The stop id's own text is output only with include_stop_str_in_output (vLLM's meaning; without
+    # it the held text before it is output: tests/engine/test_engine_stop_params.py).
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=(free[k],),
-                        stop=(piece + "\u2603never",))
+                        stop=(piece + "\u2603never",), include_stop_str_in_output=True)
     h = engine.submit(prompt, sp)
     run_until_done(engine, [h])
     got = h.result()

@@ -392,7 +392,8 @@ def test_spec_mtp_pool_in_the_plan_and_the_ledger(tiny_model):
     assert plain_plan.backend_pools == () and spec_plan.backend_pools == ((64, g.page_bytes),)
     assert spec_plan.backend_pool_bytes == spec_plan.kv_pages * g.page_bytes
     assert spec_plan.capacity.mtp_pages == spec_plan.kv_pages and plain_plan.capacity.mtp_pages == 0
-    assert compiled_step_programs(spec) == 1 + 2 * 1 and compiled_step_programs(base) == 1 + 1  # C=2: bucket 2
+    # prefill at page-table widths 2 and 4 (plan/workspace.prefill_table_widths); C=2: decode bucket 2
+    assert compiled_step_programs(spec) == 2 + 2 * 1 and compiled_step_programs(base) == 2 + 1
     program = Program(spec, model=tiny_model)
     plain_program = Program(base, model=tiny_model)
     pools = program.state.pools

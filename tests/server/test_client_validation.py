@@ -170,7 +170,7 @@ def test_sampling_table_covers_samplingparams_and_the_proto():
     names = [f.name for f in dataclasses.fields(SamplingParams) if f.name not in validate.REPLAY_ONLY_FIELDS]
     assert sorted(validate.SAMPLING_FIELDS) == sorted(names)
     assert sorted(pb.SamplingParams.DESCRIPTOR.fields_by_name) == sorted(names)
-    numeric = {n for n in names if n not in ("stop", "stop_token_ids", "ignore_eos")}
+    numeric = {n for n in names if n not in ("stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")}
     assert set(validate.SAMPLING_BOUNDS) == numeric
 
 
@@ -274,3 +274,9 @@ def test_duplicate_request_id_names_the_class_and_field():
         assert info.value.details() == "RequestError: request_id: 'dup-x' names a request that is still running"
     finally:
         engine.close()
+
+
+def test_the_client_knows_the_engine_default_max_tokens():
+    """min_tokens is checked against max_tokens, whose default the client keeps apart from the engine."""
+    assert validate.DEFAULT_MAX_TOKENS == SamplingParams().max_tokens
+    assert _client_verdict("min_tokens", 129) == _engine_verdict("min_tokens", 129) is not None

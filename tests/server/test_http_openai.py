@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ninfer_jax import SamplingParams
+from server import openai_convert as oc
 from server.app import InferenceServer
 from server.cli_commands import engine_factory
 from fakes import FakeEngine, spawn_serve, wait_until
@@ -156,6 +157,59 @@ def test_turn_two_renders_turn_one_exactly_over_chat_and_responses(live):
                                             instructions="Be brief.")
     assert _starts_with(chained.prompt.token_ids, first.prompt_token_ids, first.token_ids)
     _settled(srv)
+
+
+def test_vllm_stop_parameters_and_template_kwargs_are_honoured(live):
+    """Issue 36: stop_token_ids, min_tokens, include_stop_str_in_output and chat_template_kwargs
+    mean what they mean in vLLM: each answer equals the engine's own with the same values."""
+    srv, client = live
+    base = srv.engine.chat(USER, sampling=SamplingParams(temperature=0, max_tokens=12))
+    first, third = base.token_ids[0], base.token_ids[2]
+    cases = [({"stop_token_ids": [third]}, {"stop_token_ids": (third,)}),
+             ({"stop_token_ids": [third], "include_stop_str_in_output": True},
+              {"stop_token_ids": (third,), "include_stop_str_in_output": True}),
+             ({"stop_token_ids": [first], "min_tokens": 3}, {"stop_token_ids": (first,), "min_tokens": 3}),
+             ({"min_tokens": 4}, {"min_tokens": 4})]
+    for body, params in cases:
+        want = srv.engine.chat(USER, sampling=SamplingParams(temperature=0, max_tokens=12, **params))
+        got = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=12, temperature=0,
+                                             extra_body=body)
+        assert got.choices[0].message.content == want.text, body
+        assert got.usage.completion_tokens == len(want.token_ids), body
+    text = client.completions.create(model=MODEL, prompt=[5, 77, 300], max_tokens=8, temperature=0,
+                                     extra_body={"stop": [" "], "include_stop_str_in_output": True})
+    want = srv.engine.generate([5, 77, 300], SamplingParams(temperature=0, max_tokens=8, stop=(" ",),
+                                                             include_stop_str_in_output=True))
+    assert text.choices[0].text == want.text
+    # chat_template_kwargs reach the template: the built-in one opens an empty think block.
+    off = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, temperature=0,
+                                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    want = srv.engine.chat(USER, sampling=SamplingParams(temperature=0, max_tokens=6),
+                           template_kwargs={"enable_thinking": False})
+    plain = srv.engine.chat_frontend().render_chat(USER)
+    assert off.usage.prompt_tokens == len(want.prompt_token_ids) > len(plain.token_ids)
+    assert off.choices[0].message.content == want.text
+    with pytest.raises(openai.BadRequestError, match="sampling.min_tokens"):
+        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=4, extra_body={"min_tokens": 9})
+    _settled(srv)
+
+
+@pytest.mark.parametrize("field, value", [("prompt_logprobs", 1), ("guided_choice", ["a", "b"]),
+                                          ("guided_json", {"type": "object"}), ("use_beam_search", True),
+                                          ("skip_special_tokens", False), ("chat_template", "{{ x }}"),
+                                          ("priority", 1), ("add_generation_prompt", False)])
+def test_vllm_fields_not_served_are_refused_naming_them(live, field, value):
+    """A known field this server does not honour is a typed 400 naming it, before any work; its
+    neutral value (the default) is accepted."""
+    srv, client = live
+    before = srv.engine.stats()["requests_submitted"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, extra_body={field: value})
+    assert err.value.body["param"] == field and err.value.body["code"] == "unsupported_parameter"
+    assert srv.engine.stats()["requests_submitted"] == before
+    neutral = oc.UNSERVED[field][0][-1]
+    got = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, extra_body={field: neutral})
+    assert got.choices[0].finish_reason == "length"
 
 
 def test_cache_control_on_a_content_part_is_a_shared_marker(live):

@@ -52,6 +52,24 @@ def test_streamed_tokens_equal_engine_generate(real, settled, sampling, prompt):
     settled(srv, engine)
 
 
+def test_min_tokens_and_include_stop_str_cross_the_wire(real, settled):
+    """Issue 36: vLLM's min_tokens and include_stop_str_in_output ride the protocol and mean the same."""
+    srv, client, engine = real
+    prompt = "Once upon a time"
+    base = engine.generate(prompt, SamplingParams(**GREEDY))
+    first, third = base.token_ids[0], base.token_ids[2]
+    for extra in ({"stop_token_ids": [first], "min_tokens": 3},
+                  {"stop_token_ids": [third], "include_stop_str_in_output": True},
+                  {"stop_token_ids": [third], "include_stop_str_in_output": False}):
+        sampling = {**GREEDY, **extra}
+        want = engine.generate(prompt, SamplingParams(**{k: tuple(v) if isinstance(v, list) else v
+                                                         for k, v in sampling.items()}))
+        got = client.generate(prompt, sampling=sampling)
+        assert (got.token_ids, got.text) == (list(want.token_ids), want.text), extra
+    assert client.generate(prompt, sampling={**GREEDY, "stop_token_ids": [first]}).token_ids == [first]
+    settled(srv, engine)
+
+
 def test_logprobs_equal_engine_generate(real):
     _, client, engine = real
     sampling = {"temperature": 0.0, "max_tokens": 5, "logprobs": 3}
