@@ -340,21 +340,13 @@ def build_app(front: OpenAIFront) -> FastAPI:
         engine, req, max_context = await front.accept(request, ResponsesRequest)
         if req.stream:
             raise oc.unsupported("stream", "streamed Responses are not served yet; use /v1/chat/completions to stream")
-        if req.tool_choice not in (None, "auto", "none"):
-            raise oc.unsupported("tool_choice", "only 'auto' and 'none' are served (no constrained decoding)")
-        fmt = (req.text or {}).get("format") or {"type": "text"}
-        if not isinstance(fmt, dict):
-            raise oc.ApiError(400, f"text.format: must be an object such as {{\"type\": \"text\"}}, got "
-                              f"{type(fmt).__name__}", param="text.format")
-        fmt = fmt.get("type", "text")
-        if fmt != "text":
-            raise oc.unsupported("text.format", f"type {fmt!r} is not served (no constrained decoding)")
         oc.refuse_unserved(req)
         tools = _submit(lambda: oc.responses_tools(req.tools))
+        structured = oc.responses_structured(req, tools)
 
         def submit():
             sampling = oc.sampling_of(req, max_tokens=req.max_output_tokens, logprobs=0, limits=front.limits,
-                                      max_context=max_context)
+                                      max_context=max_context, structured=structured)
             with front.store_lock:
                 rendered = engine.chat_frontend().render_responses(
                     req.input, store=front.store, previous_response_id=req.previous_response_id,

@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Any, Sequence
 
+from ninfer_jax.engine.grammar import StructuredOutput
 from ninfer_jax.engine.types import Completion, SamplingParams, TokenLogprob
 from ninfer_jax.errors import (CapacityError, EngineClosedError, EngineFailure, NInferError, QueueFullError,
                                RequestError)
@@ -73,16 +74,13 @@ def new_id(prefix: str) -> str:
 
 
 # --- requests ------------------------------------------------------------------------------------
-_NO_GRAMMAR = "not served yet: structured output needs constrained decoding"
 # Fields of vLLM's OpenAI server (and a few of OpenAI's) that this server does not honour: a
 # request that sets one to anything but its neutral value is refused naming it, never served
 # as if it had not been sent. {name: (the values that change nothing, why)}.
 UNSERVED: dict[str, tuple[tuple, str]] = {
     "prompt_logprobs": ((None, 0), "not served yet: prompt logprobs need every prefill position's logits"),
-    "guided_json": ((None,), _NO_GRAMMAR), "guided_regex": ((None,), _NO_GRAMMAR),
-    "guided_choice": ((None,), _NO_GRAMMAR), "guided_grammar": ((None,), _NO_GRAMMAR),
-    "guided_decoding_backend": ((None,), _NO_GRAMMAR), "guided_whitespace_pattern": ((None,), _NO_GRAMMAR),
-    "structured_outputs": ((None,), _NO_GRAMMAR),
+    "guided_decoding_backend": ((None, "auto", "llguidance", "guidance"), "the grammar engine is llguidance"),
+    "guided_whitespace_pattern": ((None,), "JSON is written on one line (`, ` and `: `); no other pattern"),
     "use_beam_search": ((None, False), "beam search is not served"),
     "length_penalty": ((None, 1, 1.0), "beam search is not served"),
     "bad_words": ((None, []), "not supported by this engine"),
@@ -129,10 +127,10 @@ def _neutral(value, neutral: tuple) -> bool:
 
 
 def sampling_of(req, *, max_tokens: int | None, logprobs: int, limits: ServerLimits, max_context: int,
-                seed: int | None = None) -> SamplingParams:
+                seed: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
     """SamplingParams from the fields a request set (the engine's defaults for the rest).
     RequestError (SamplingParams' own checks) or BadRequest (server limits) on bad values."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {"structured_output": structured} if structured is not None else {}
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                  "repetition_penalty", "ignore_eos", "min_tokens", "include_stop_str_in_output"):
         value = getattr(req, name, None)
@@ -155,15 +153,92 @@ def sampling_of(req, *, max_tokens: int | None, logprobs: int, limits: ServerLim
     return params
 
 
+# --- structured output ---------------------------------------------------------------------------
+def _structure(field: str, kind: str, spec: Any = None) -> tuple[str, StructuredOutput]:
+    """(the request field, its StructuredOutput); a bad spec is a 400 naming the field."""
+    try:
+        return field, StructuredOutput(kind, spec)
+    except RequestError as exc:
+        why = str(exc).split(": ", 1)[-1]
+        raise ApiError(400, f"{field}: {why}", param=field) from None
+
+
+def _response_format(field: str, fmt: Any, schema_of) -> tuple[str, StructuredOutput] | None:
+    """`response_format` (chat) or `text.format` (Responses): text (none), json_object, json_schema."""
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise ApiError(400, f"{field}: must be an object such as {{\"type\": \"text\"}}, got {type(fmt).__name__}",
+                       param=field)
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _structure(field, "json_object")
+    if kind == "json_schema":
+        schema = schema_of(fmt)
+        if not isinstance(schema, dict):
+            raise ApiError(400, f"{field}: json_schema needs its schema object", param=field)
+        return _structure(field, "json_schema", schema)
+    raise unsupported(field, f"type {kind!r} is not served (text, json_object, json_schema are)")
+
+
+def _tool_choice(field: str, choice: Any, tools: Sequence[dict] | None,
+                 name_of) -> tuple[str, StructuredOutput] | None:
+    """"required" or a named function: the output is tool calls (engine/grammar.py tool_calls)."""
+    if choice in (None, "auto", "none"):
+        return None
+    if not tools:
+        raise ApiError(400, f"{field}: {choice!r} needs tools", param=field)
+    name = None
+    if choice != "required":
+        name = name_of(choice) if isinstance(choice, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, f"{field}: must be 'none', 'auto', 'required' or a named function", param=field)
+        if name not in {(t.get("function") or {}).get("name") for t in tools if isinstance(t, dict)}:
+            raise ApiError(400, f"{field}: function {name!r} is not among the tools", param=field)
+    return _structure(field, "tool_calls", {"tools": list(tools), "name": name})
+
+
+def _guided(extra: dict) -> list[tuple[str, StructuredOutput]]:
+    """vLLM's guided_json / guided_regex / guided_choice / guided_grammar (Lark) and its
+    structured_outputs object ({"json" | "regex" | "choice" | "grammar" | "json_object": ...})."""
+    out = []
+    for field, kind in (("guided_json", "json_schema"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                        ("guided_grammar", "lark")):
+        if extra.get(field) is not None:
+            out.append(_structure(field, kind, extra[field]))
+    so = extra.get("structured_outputs")
+    if so is not None:
+        keys = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "lark",
+                "json_object": "json_object"}
+        given = [k for k in keys if isinstance(so, dict) and so.get(k) not in (None, False)]
+        if len(given) != 1:
+            raise ApiError(400, f"structured_outputs: set exactly one of {sorted(keys)}", param="structured_outputs")
+        k = given[0]
+        out.append(_structure("structured_outputs", keys[k], None if k == "json_object" else so[k]))
+    return out
+
+
+def structured_of(req, *, response_format=None, tool_choice=None) -> StructuredOutput | None:
+    """The one structured output a request asks for (response_format / text.format, tool_choice
+    required or named, vLLM's guided fields): a 400 when it asks for two."""
+    found = [f for f in (response_format, tool_choice) if f is not None] + _guided(req.model_extra or {})
+    if len(found) > 1:
+        names = ", ".join(field for field, _ in found)
+        raise ApiError(400, f"{found[1][0]}: one structured output per request; this one sets {names}",
+                       param=found[1][0])
+    return found[0][1] if found else None
+
+
 def chat_request(req, limits: ServerLimits, max_context: int) -> tuple[dict, SamplingParams, int | None]:
     """(keyword arguments of `submit_chat` without sampling, SamplingParams, top_logprobs)."""
     _common_refusals(req)
-    choice = req.tool_choice
-    if choice not in (None, "auto", "none"):
-        raise unsupported("tool_choice", "only 'auto' and 'none' are served (no constrained decoding)")
-    fmt = (req.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise unsupported("response_format", f"type {fmt!r} is not served (no constrained decoding)")
+    structured = structured_of(
+        req, response_format=_response_format("response_format", req.response_format,
+                                              lambda f: (f.get("json_schema") or {}).get("schema")),
+        tool_choice=_tool_choice("tool_choice", req.tool_choice, req.tools,
+                                 lambda c: (c.get("function") or {}).get("name")))
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
         raise ApiError(400, "max_tokens and max_completion_tokens disagree; set one", param="max_tokens")
@@ -182,7 +257,7 @@ def chat_request(req, limits: ServerLimits, max_context: int) -> tuple[dict, Sam
             limits.check_count(len(content), limits.max_parts, f"messages[{i}].content")
     limits.check_count(len(req.tools or ()), limits.max_tools, "tools")
     sampling = sampling_of(req, max_tokens=max_tokens, logprobs=max(top or 0, 1) if top is not None else 0,
-                           limits=limits, max_context=max_context)
+                           limits=limits, max_context=max_context, structured=structured)
     kwargs = {"messages": req.messages, "tools": req.tools or None, "session": req.session or None,
               "cache_markers": req.cache_markers or None, "anchors": req.anchors or None,
               "template_kwargs": req.chat_template_kwargs or None}
@@ -210,8 +285,17 @@ def completion_request(req, limits: ServerLimits, max_context: int) -> tuple[str
     if top is not None and not 0 <= top <= 20:
         raise ApiError(400, f"logprobs: must lie in [0, 20], got {top}", param="logprobs")
     sampling = sampling_of(req, max_tokens=req.max_tokens, logprobs=max(top, 1) if top is not None else 0,
-                           limits=limits, max_context=max_context)
+                           limits=limits, max_context=max_context, structured=structured_of(req))
     return prompt, sampling, top
+
+
+def responses_structured(req, tools: Sequence[dict] | None) -> StructuredOutput | None:
+    """A Responses request's structured output: `text.format` json_object / json_schema (its
+    schema at the top of the format object), `tool_choice` required or {"type": "function", "name"}."""
+    fmt = (req.text or {}).get("format") if isinstance(req.text, dict) else None
+    return structured_of(req, response_format=_response_format("text.format", fmt, lambda f: f.get("schema")),
+                         tool_choice=_tool_choice("tool_choice", req.tool_choice, tools,
+                                                  lambda c: c.get("name") or (c.get("function") or {}).get("name")))
 
 
 def responses_tools(tools: Sequence[dict] | None) -> list[dict] | None:

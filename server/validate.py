@@ -110,8 +110,10 @@ SAMPLING_BOUNDS: dict[str, Bound] = {
     "min_tokens": Bound("int", 0, False, None, False, "must be a non-negative int", INT32_MAX),
 }
 DEFAULT_MAX_TOKENS = 128  # SamplingParams.max_tokens' default (the client does not import the engine)
-# SamplingParams fields the protocol does not carry: replay only (`ninfer trace`, in process).
-REPLAY_ONLY_FIELDS = ("forced_output",)
+# SamplingParams fields the protocol does not carry, each with why (refused when set): a replay's
+# forced output (`ninfer trace`, in process) and, for now, structured output.
+UNCARRIED_FIELDS = {"forced_output": "replay only: the protocol does not carry it",
+                    "structured_output": "not carried by the protocol yet: use the Python API or the HTTP API"}
 # Every other SamplingParams field, in its order of checks (the bools are not range-checked).
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs",
@@ -129,9 +131,9 @@ def check_sampling(sampling: Any) -> dict[str, Any] | None:
         return None
     if dataclasses.is_dataclass(sampling) and not isinstance(sampling, type):
         sampling = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(sampling)}
-        for name in REPLAY_ONLY_FIELDS:  # unset (empty) in any SamplingParams not made for a replay
+        for name, why in UNCARRIED_FIELDS.items():  # unset (empty) in a SamplingParams that needs none
             if sampling.pop(name, None):
-                _fail(f"sampling.{name}", "replay only: the protocol does not carry it")
+                _fail(f"sampling.{name}", why)
     elif not isinstance(sampling, Mapping):
         _fail("sampling", f"must be a mapping of SamplingParams fields or a SamplingParams, "
                           f"got {type(sampling).__name__}")

@@ -17,6 +17,7 @@ BENCHES = {
     "vs_hf": "ninfer_jax.bench.vs_hf_bench",
     "vision": "ninfer_jax.bench.vision_bench",
     "prefill": "ninfer_jax.bench.prefill_bench",
+    "structured": "ninfer_jax.bench.structured_bench",
 }
 
 

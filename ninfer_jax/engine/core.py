@@ -63,8 +63,9 @@ from ninfer_jax.errors import CapacityError, QueueFullError, RequestError
 
 class EngineCore(UnitPlanning, Execution):
     def __init__(self, program: ProgramContract, decode_text=None, *, max_queue: int = 4096,
-                 max_context: int | None = None, pieces=None):
+                 max_context: int | None = None, pieces=None, grammars=None):
         self.program = program
+        self.grammars = grammars  # engine/grammar.py Grammars (None: no tokenizer, no structured output)
         self.decode_text = decode_text  # ids -> text, or None (token ids only)
         self.pieces = pieces  # per-id bytes of decode_text when it is byte-level (detok's fast path)
         self.c = program.config.max_concurrency
@@ -107,6 +108,11 @@ class EngineCore(UnitPlanning, Execution):
         bad = next((t for t in sp.forced_output if t >= vocab), None)
         if bad is not None:
             raise RequestError(f"sampling.forced_output: token id {bad} outside the vocabulary [0, {vocab})")
+        matcher = None
+        if sp.structured_output is not None and not sp.forced_output:  # compiled here, before queueing
+            if self.grammars is None:
+                raise RequestError("sampling.structured_output: this engine has no tokenizer to compile a grammar for")
+            matcher = self.grammars.matcher(sp.structured_output)
         ticket = next(self._tickets)
         rid = request_id or f"req-{ticket}"
         seed = sp.seed if sp.seed is not None else random.getrandbits(63)
@@ -125,7 +131,7 @@ class EngineCore(UnitPlanning, Execution):
                                          min_tokens=sp.min_tokens, include_stop=sp.include_stop_str_in_output),
                        stop_ids=frozenset(stop_ids),
                        saves=saves, splits=splits, session=session, t_submit=self.program.clock(), raw=raw,
-                       media=media)
+                       media=media, matcher=matcher)
 
     def reserve_id(self, request_id: str) -> bool:
         """Take `request_id` for a request about to be posted; False while another submitted

@@ -27,6 +27,7 @@ from typing import Sequence
 from ninfer_jax.config import EngineConfig
 from ninfer_jax.engine.core import EngineCore
 from ninfer_jax.engine.failure import end_pending, fail_all
+from ninfer_jax.engine.grammar import Grammars
 # Request-side rules shared with the CLI's preflight (engine/preflight.py), which applies them
 # before any weight is loaded; the engine applies them again at submission.
 from ninfer_jax.engine.intake import chat_frontend, load_tokenizer, message, prompt_ids
@@ -84,9 +85,13 @@ class Engine:
         self.tokenizer = self._load_tokenizer()
         self.program.warmup()
         self.warmup_seconds = time.perf_counter() - t0
+        grammars = None
+        if self.tokenizer is not None:  # structured output compiles against the model's vocabulary
+            grammars = Grammars(self.tokenizer.backend.to_str(), program.vocab_size, program.eos_token_ids,
+                                {t.content: t.id for t in self.tokenizer.added_tokens})
         self.core = EngineCore(program, self.tokenizer_decode if self.tokenizer else None,
                                max_queue=self.config.max_queue,
-                               pieces=self.tokenizer.byte_pieces() if self.tokenizer else None)
+                               pieces=self.tokenizer.byte_pieces() if self.tokenizer else None, grammars=grammars)
         self._chat = None
         self._closed = False  # no new requests: closing, closed or failed
         self._stop = False  # the loop thread exits

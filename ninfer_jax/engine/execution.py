@@ -84,6 +84,8 @@ class Execution:
                 fed += 1
                 if reason is not None:
                     break
+            if r.matcher is not None and not r.sampling.forced_output:
+                r.matcher.rollback(len(choices) - fed)  # chosen after a stop: never emitted
             accepted = min(fed, len(choices) - 1)  # drafts among the emitted tokens
             self.counters["spec_verify_units"] += 1
             self.counters["spec_drafted_tokens"] += wanted[i]
@@ -117,8 +119,11 @@ class Execution:
             elif sampling.plain_greedy(sp):
                 token = int(np.argmax(np.asarray(logits[j], np.float32)))
             else:
+                allowed = req.matcher.allowed() if req.matcher is not None else None
                 token, lp = sampling.sample(logits[j], sp, req.seed, base + len(out), req.prompt, out,
-                                            sampling.held_ids(req.stop_ids, sp, out))
+                                            sampling.held_ids(req.stop_ids, sp, out), allowed)
+                if req.matcher is not None:  # the next position's mask follows this choice
+                    req.matcher.consume(token)
             choices.append((token, lp))
             out.append(token)
             if j == wanted or token != int(drafts[j]):
@@ -189,8 +194,11 @@ class Execution:
             lp = sampling.logprob_of(logits, sp, token, req.prompt, output) if sp.logprobs else None
         elif token is None:
             position = len(req.prompt) + len(output)
+            allowed = req.matcher.allowed() if req.matcher is not None else None
             token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output,
-                                        sampling.held_ids(req.stop_ids, sp, output))
+                                        sampling.held_ids(req.stop_ids, sp, output), allowed)
+            if req.matcher is not None:
+                req.matcher.consume(token)
         reason = self._emit(req, token, lp, now)
         if reason is not None:
             self._finish(req, reason)

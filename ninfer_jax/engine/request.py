@@ -92,6 +92,7 @@ class Request:
     raw: bool = False  # no rendering chose its structure: a branch point may be offered (SH-6)
     session: object = None
     media: object = None  # engine/media.py RequestMedia: its images and videos, positions, media identity
+    matcher: object = None  # engine/grammar.py Matcher of its structured output: at its committed output
     encoded: set = dataclasses.field(default_factory=set)  # media keys the tower encoded for it (PAUSE-6)
     output: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)

@@ -25,7 +25,8 @@ def plain_greedy(sp: SamplingParams) -> bool:
     """Greedy with nothing that reshapes or reports the distribution: the token is the argmax of
     the raw logits, so a batch of such rows is chosen by one argmax (`greedy_rows`)."""
     return (sp.greedy and not sp.logprobs and sp.repetition_penalty == 1.0 and not sp.presence_penalty
-            and not sp.frequency_penalty and not sp.forced_output and not sp.min_tokens)
+            and not sp.frequency_penalty and not sp.forced_output and not sp.min_tokens
+            and sp.structured_output is None)
 
 
 def held_ids(stop_ids, sp: SamplingParams, output: Sequence[int]):
@@ -41,8 +42,10 @@ def greedy_rows(logits: np.ndarray) -> list[int]:
 
 
 def _penalised(logits: np.ndarray, sp: SamplingParams, prompt: Sequence[int], output: Sequence[int],
-               held=()) -> np.ndarray:
+               held=(), allowed: np.ndarray | None = None) -> np.ndarray:
     x = logits.astype(np.float64, copy=True)
+    if allowed is not None:  # structured output: what the grammar does not allow next
+        x[~allowed] = -np.inf
     if held:  # min_tokens: these cannot be drawn yet
         x[np.fromiter(held, dtype=np.int64)] = -np.inf
     if sp.repetition_penalty != 1.0:
@@ -77,14 +80,16 @@ def logprob_of(logits: np.ndarray, sp: SamplingParams, token: int, prompt: Seque
 
 
 def sample(logits: np.ndarray, sp: SamplingParams, seed: int, position: int,
-           prompt: Sequence[int], output: Sequence[int], held=()) -> tuple[int, TokenLogprob | None]:
+           prompt: Sequence[int], output: Sequence[int], held=(),
+           allowed: np.ndarray | None = None) -> tuple[int, TokenLogprob | None]:
     """Choose the token at `position` from `logits` `[V]`; also its logprob entry when asked.
-    `held`: ids that may not be drawn here (`held_ids`: min_tokens).
+    `held`: ids that may not be drawn here (`held_ids`: min_tokens); `allowed`: `[V]` bool, the
+    tokens a structured output's grammar allows here (None: all).
 
-    Logprobs are those of the penalised distribution (held ids at -inf) before temperature and
+    Logprobs are those of the penalised distribution (masked ids at -inf) before temperature and
     truncation.
     """
-    x = _penalised(logits, sp, prompt, output, held)
+    x = _penalised(logits, sp, prompt, output, held, allowed)
     if sp.greedy:
         token = int(np.argmax(x))
     else:

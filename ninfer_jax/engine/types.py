@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from ninfer_jax.engine.grammar import StructuredOutput
 from ninfer_jax.errors import RequestError
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
@@ -40,6 +41,9 @@ class SamplingParams:
     min_tokens: int = 0
     # The stop string (or a stop id's text) that ended the request stays in its text.
     include_stop_str_in_output: bool = False
+    # The output must match this grammar (engine/grammar.py): the tokens it does not allow next
+    # are masked out of every draw, EOS included until the grammar is complete.
+    structured_output: StructuredOutput | None = None
     # Replay only: the engine emits exactly these tokens, through the normal decode path, and
     # ends ("stop") after the last one (or at max_tokens / max_context). No sampling, no stop
     # strings or eos: a trace replayed this way ends where the recorded request ended.
@@ -86,6 +90,8 @@ class SamplingParams:
             bad("min_tokens", f"must not exceed max_tokens ({self.max_tokens}), got {self.min_tokens}")
         if not isinstance(self.include_stop_str_in_output, bool):
             bad("include_stop_str_in_output", f"must be a bool, got {self.include_stop_str_in_output!r}")
+        if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
+            bad("structured_output", f"must be a StructuredOutput, got {type(self.structured_output).__name__}")
         if not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20:
             bad("logprobs", f"must be an int in [0, 20], got {self.logprobs!r}")
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import threading
 
 import httpx2
@@ -194,8 +195,58 @@ def test_vllm_stop_parameters_and_template_kwargs_are_honoured(live):
     _settled(srv)
 
 
-@pytest.mark.parametrize("field, value", [("prompt_logprobs", 1), ("guided_choice", ["a", "b"]),
-                                          ("guided_json", {"type": "object"}), ("use_beam_search", True),
+CITY = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+        "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 0,
+                                                                             "maximum": 9}}}
+BOUNDED_WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"type": "string", "maxLength": 8}}}}}
+
+
+def test_structured_output_over_chat_completions_and_responses(live):
+    """Issue 36: response_format json_object / json_schema, vLLM's guided fields, tool_choice
+    named or required, and Responses text.format: the output matches, and equals the engine's
+    own with the same StructuredOutput."""
+    from ninfer_jax.engine.grammar import StructuredOutput
+
+    srv, client = live
+
+    def engine_text(so, messages=USER, tools=None, max_tokens=40):
+        return srv.engine.chat(messages, tools=tools, sampling=SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                              structured_output=so)).text
+
+    got = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=40, temperature=0,
+                                         response_format={"type": "json_schema",
+                                                          "json_schema": {"name": "city", "schema": CITY,
+                                                                          "strict": True}})
+    data = json.loads(got.choices[0].message.content)
+    assert set(data) == {"city", "days"} and 0 <= data["days"] <= 9 and got.choices[0].finish_reason == "stop"
+    assert got.choices[0].message.content == engine_text(StructuredOutput("json_schema", CITY))
+    obj = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=40, temperature=0,
+                                         response_format={"type": "json_object"})
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    choice = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=8, temperature=0.9, seed=4,
+                                            extra_body={"guided_choice": ["sunny", "rainy"]})
+    assert choice.choices[0].message.content in ("sunny", "rainy")
+    regex = client.completions.create(model=MODEL, prompt="Code:", max_tokens=12, temperature=0,
+                                      extra_body={"guided_regex": "[A-Z]{2}-[0-9]{3}"})
+    assert re.fullmatch("[A-Z]{2}-[0-9]{3}", regex.choices[0].text)
+    named = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=40, temperature=0,
+                                           tools=[BOUNDED_WEATHER],
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = named.choices[0].message.tool_calls
+    assert named.choices[0].finish_reason == "tool_calls" and [c.function.name for c in calls] == ["get_weather"]
+    assert set(json.loads(calls[0].function.arguments)) == {"city"}
+    r = client.responses.create(model=MODEL, input="Paris?", max_output_tokens=40, temperature=0,
+                                text={"format": {"type": "json_schema", "name": "city", "schema": CITY}})
+    assert set(json.loads(r.output_text)) == {"city", "days"}
+    assert r.output_text == engine_text(StructuredOutput("json_schema", CITY), [{"role": "user", "content": "Paris?"}])
+    _settled(srv)
+
+
+@pytest.mark.parametrize("field, value", [("prompt_logprobs", 1), ("guided_decoding_backend", "xgrammar"),
+                                          ("guided_whitespace_pattern", " *"), ("use_beam_search", True),
                                           ("skip_special_tokens", False), ("chat_template", "{{ x }}"),
                                           ("priority", 1), ("add_generation_prompt", False)])
 def test_vllm_fields_not_served_are_refused_naming_them(live, field, value):
@@ -264,8 +315,15 @@ def test_models_listing(live):
      "context_length_exceeded"),
     ({"model": MODEL, "messages": USER, "max_tokens": -3}, openai.BadRequestError, "max_tokens"),
     ({"model": MODEL, "messages": USER, "n": 2}, openai.BadRequestError, "n=1"),
-    ({"model": MODEL, "messages": USER, "tool_choice": "required", "tools": [WEATHER]}, openai.BadRequestError,
-     "tool_choice"),
+    ({"model": MODEL, "messages": USER, "tool_choice": "required"}, openai.BadRequestError, "needs tools"),
+    ({"model": MODEL, "messages": USER, "tools": [WEATHER],
+      "tool_choice": {"type": "function", "function": {"name": "nope"}}}, openai.BadRequestError, "not among"),
+    ({"model": MODEL, "messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     openai.BadRequestError, "schema object"),
+    ({"model": MODEL, "messages": USER, "response_format": {"type": "json_object"},
+      "extra_body": {"guided_regex": "a+"}}, openai.BadRequestError, "one structured output"),
+    ({"model": MODEL, "messages": USER, "extra_body": {"guided_regex": "("}}, openai.BadRequestError,
+     "does not compile"),
     ({"model": MODEL, "messages": USER, "extra_body": {"cache_markers": [{"message": -1}]}},
      openai.BadRequestError, "non-negative"),
     ({"model": MODEL, "messages": []}, openai.BadRequestError, "messages"),

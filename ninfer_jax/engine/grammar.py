@@ -1,0 +1,188 @@
+"""Structured output: a request's grammar, checked at submission and walked token by token.
+
+The grammar engine is llguidance (pinned in requirements.txt): a maintained Rust library
+(guidance-ai, used by vLLM, SGLang and llama.cpp) with one abi3 wheel for every Python this
+project runs on and no torch dependency; it compiles JSON Schema, regular expressions and Lark
+grammars against the model's own vocabulary and computes one token mask per step in tens of
+microseconds. XGrammar was the other candidate; docs/http.md says why this one.
+
+`StructuredOutput` names what a request's output must match (a JSON object, a JSON Schema, a
+regex, one of several strings, a Lark grammar). `Grammars` (one per engine) builds the
+llguidance tokenizer of the model's vocabulary once and turns a `StructuredOutput` into a
+`Matcher`, refusing a grammar that does not compile with a `RequestError` before the request is
+queued. A `Matcher` gives the row's allowed tokens (`allowed`), follows each emitted token
+(`consume`) and takes back tokens that were chosen but not emitted (`rollback`, a speculative
+Verify unit cut by a stop): its state is exactly the request's committed output, which pauses
+(Snapshot or Replay) never change, so it needs nothing on a pause.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ninfer_jax.errors import RequestError
+
+KINDS = ("json_object", "json_schema", "regex", "choice", "lark", "tool_calls")
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+# JSON on one line as json.dumps writes it (`, ` and `: `, no other whitespace): what OpenAI's
+# structured outputs return, and a model cannot pad an answer with whitespace forever. A schema's
+# own "x-guidance" options override it.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_FIELD = "sampling.structured_output"
+
+
+@dataclasses.dataclass(frozen=True)
+class StructuredOutput:
+    """What the output must match. `spec`: json_schema a schema (dict, or its JSON text); regex
+    the pattern; choice the strings (one of them is the whole output); lark the grammar; none
+    for json_object (any JSON object); tool_calls `{"tools": [chat tools], "name": str | None}`:
+    one call of the named function, or (no name) one or more calls of any of the tools, in the
+    Hermes / Qwen form the output parser reads, the arguments held to each tool's parameters."""
+
+    kind: str
+    spec: Any = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise RequestError(f"{_FIELD}.kind: must be one of {KINDS}, got {self.kind!r}")
+        spec = self.spec
+        if self.kind == "json_schema":
+            if isinstance(spec, str):
+                try:
+                    spec = json.loads(spec)
+                except json.JSONDecodeError as e:
+                    raise RequestError(f"{_FIELD}.spec: the schema is not JSON ({e})") from None
+            if not isinstance(spec, dict):
+                raise RequestError(f"{_FIELD}.spec: a JSON schema must be an object, got {type(spec).__name__}")
+            object.__setattr__(self, "spec", json.dumps(spec, sort_keys=True))  # hashable, canonical
+        elif self.kind in ("regex", "lark"):
+            if not isinstance(spec, str) or not spec:
+                raise RequestError(f"{_FIELD}.spec: a {self.kind} must be a non-empty string")
+        elif self.kind == "choice":
+            if isinstance(spec, str) or not isinstance(spec, (list, tuple)) or not spec \
+                    or any(not isinstance(c, str) or not c for c in spec):
+                raise RequestError(f"{_FIELD}.spec: choices must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "spec", tuple(spec))
+        elif self.kind == "tool_calls":
+            object.__setattr__(self, "spec", _tool_spec(spec))
+        elif spec is not None:
+            raise RequestError(f"{_FIELD}.spec: json_object takes no spec")
+
+    def grammar(self, added: Mapping[str, int] | None = None) -> str:
+        """The llguidance grammar text. `added`: the tokenizer's added tokens by text (a tool
+        call's markers are matched as those tokens where the tokenizer has them)."""
+        import llguidance as llg
+
+        if self.kind == "tool_calls":
+            return llg.LLMatcher.grammar_from_lark(_tool_calls_lark(json.loads(self.spec), added or {}))
+        if self.kind == "json_object":
+            return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)
+        if self.kind == "json_schema":
+            return llg.LLMatcher.grammar_from_json_schema(self.spec, defaults=JSON_LAYOUT)
+        if self.kind == "regex":
+            return llg.LLMatcher.grammar_from_regex(self.spec)
+        if self.kind == "choice":  # Lark string literals: JSON's escapes are Lark's
+            return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in self.spec))
+        return llg.LLMatcher.grammar_from_lark(self.spec)
+
+
+def _tool_spec(spec) -> str:
+    """The canonical JSON of a tool_calls spec, checked: the tools' names and parameters, the name."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("tools"), (list, tuple)) or not spec["tools"]:
+        raise RequestError(f"{_FIELD}.spec: tool_calls needs a non-empty list of tools")
+    tools = {}
+    for k, tool in enumerate(spec["tools"]):
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise RequestError(f"{_FIELD}.spec: tools[{k}] has no function name")
+        params = fn.get("parameters") or {"type": "object"}
+        if not isinstance(params, dict):
+            raise RequestError(f"{_FIELD}.spec: tools[{k}].parameters must be a JSON schema object")
+        tools[name] = params
+    name = spec.get("name")
+    if name is not None and name not in tools:
+        raise RequestError(f"{_FIELD}.spec: the named function {name!r} is not among the tools")
+    return json.dumps({"tools": tools, "name": name}, sort_keys=True)
+
+
+def _tool_calls_lark(spec: dict, added: Mapping[str, int]) -> str:
+    """Lark: '<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>', once for a named
+    function, else one or more (a newline apart); ARGS held to the tool's parameters (%json)."""
+    def marker(text: str) -> str:
+        return f"<[{added[text]}]>" if text in added else json.dumps(text)
+
+    names = [spec["name"]] if spec["name"] is not None else sorted(spec["tools"])
+    rules = []
+    for i, name in enumerate(names):
+        head = json.dumps("\n{" + f'"name": {json.dumps(name)}, "arguments": ')
+        rules.append(f"call{i}: {marker(TOOL_CALL_OPEN)} {head} args{i} " + json.dumps("}\n")
+                     + f" {marker(TOOL_CALL_CLOSE)}")
+        schema = dict(spec["tools"][name])
+        schema["x-guidance"] = {**JSON_LAYOUT, **schema.get("x-guidance", {})}
+        rules.append(f"args{i}: %json {json.dumps(schema)}")
+    call = " | ".join(f"call{i}" for i in range(len(names)))
+    start = "start: call" if spec["name"] is not None else 'start: call ("\\n" call)*'
+    return "\n".join([start, f"call: {call}", *rules])
+
+
+class Matcher:
+    """One request's walk through its grammar (an llguidance LLMatcher)."""
+
+    def __init__(self, matcher, vocab_size: int):
+        self._m = matcher
+        self._vocab = vocab_size
+
+    def allowed(self) -> np.ndarray:
+        """`[V]` bool: the tokens the grammar allows next (EOS only once it is complete)."""
+        bits = np.frombuffer(self._m.compute_bitmask(), np.uint8)
+        return np.unpackbits(bits, bitorder="little")[:self._vocab].astype(bool)
+
+    def consume(self, token: int) -> None:
+        if not self._m.consume_token(int(token)):
+            raise RuntimeError(f"the grammar refused token {token}: {self._m.get_error()}")
+
+    def rollback(self, n: int) -> None:
+        if n and not self._m.rollback(n):
+            raise RuntimeError(f"the grammar could not take back {n} tokens: {self._m.get_error()}")
+
+    def accepting(self) -> bool:
+        return self._m.is_accepting()
+
+
+class Grammars:
+    """The grammar compiler of one engine: the llguidance tokenizer of its model's vocabulary
+    (`tokenizer_json`: the tokenizers library's JSON; `vocab_size`: the model's, which may pad
+    past the tokenizer's), built on first use."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: Sequence[int],
+                 added: Mapping[str, int] | None = None):
+        self._json = tokenizer_json
+        self.vocab_size = vocab_size
+        self._eos = list(eos_token_ids)
+        self._added = dict(added or {})  # the tokenizer's added tokens by text
+        self._tokenizer = None
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            import llguidance as llg
+
+            self._tokenizer = llg.LLTokenizer(self._json, n_vocab=self.vocab_size, eos_token=self._eos)
+        return self._tokenizer
+
+    def matcher(self, spec: StructuredOutput) -> Matcher:
+        """A fresh matcher of `spec`; RequestError naming the field when it does not compile."""
+        import llguidance as llg
+
+        grammar = spec.grammar(self._added)
+        error = llg.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if error:
+            raise RequestError(f"{_FIELD}: the {spec.kind} does not compile: {error.strip().splitlines()[0]}")
+        m = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if m.is_error():
+            raise RequestError(f"{_FIELD}: the {spec.kind} does not compile: {m.get_error().splitlines()[0]}")
+        return Matcher(m, self.vocab_size)
