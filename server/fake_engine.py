@@ -122,7 +122,8 @@ class FakeEngine:
     def chat_frontend(self) -> ChatFrontend:
         return self.frontend
 
-    def submit_rendered(self, rendered, *, sampling=None, request_id=None, session=None, anchors=None) -> FakeHandle:
+    def submit_rendered(self, rendered, *, sampling=None, request_id=None, session=None, anchors=None,
+                        prompt_anchor=False) -> FakeHandle:
         return self.submit(list(rendered.token_ids), sampling, request_id=request_id)
 
     def tokenizer_decode(self, ids) -> str:

@@ -129,22 +129,28 @@ class OpenAIFront(RunningRequests):
         return req
 
     # --- running a request --------------------------------------------------------------------
-    def relay(self, handle) -> asyncio.Queue:
+    def relay(self, handle, started: asyncio.Event | None = None) -> asyncio.Queue:
         """A queue of ("delta", TokenDelta) items then one ("done", Completion) or ("error", exc),
-        fed by a thread that reads the handle (the engine's deltas never wait for the loop)."""
+        fed by a thread that reads the handle (the engine's deltas never wait for the loop).
+        `started` is set at the first item (the prompt is prefilled, or the request ended)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         with self._idle:
             self._active.add(handle)
 
+        def put(item) -> None:
+            q.put_nowait(item)
+            if started is not None:
+                started.set()
+
         def run():
             try:
                 for delta in handle.stream():
-                    loop.call_soon_threadsafe(q.put_nowait, ("delta", delta))
-                loop.call_soon_threadsafe(q.put_nowait, ("done", handle.result()))
+                    loop.call_soon_threadsafe(put, ("delta", delta))
+                loop.call_soon_threadsafe(put, ("done", handle.result()))
             except BaseException as exc:  # noqa: BLE001 - handed to the request's coroutine
                 try:
-                    loop.call_soon_threadsafe(q.put_nowait, ("error", exc))
+                    loop.call_soon_threadsafe(put, ("error", exc))
                 except RuntimeError:
                     pass  # the loop is gone (server stopped)
             finally:
@@ -181,15 +187,46 @@ class OpenAIFront(RunningRequests):
 
     async def completion(self, handle, q: asyncio.Queue, request: Request):
         """The finished request, or the API error it ended with (its deltas are not needed)."""
+        return (await self.completions([(handle, q)], request))[0]
+
+    async def completions(self, runs: list, request: Request) -> list:
+        """The finished requests of `runs` [(handle, queue)] (the n choices of one request), or the
+        API error the first failing one ended with; a client that leaves cancels them all."""
         try:
-            _, done = await self.wait_done(handle, q, request)
+            dones = []
+            for handle, q in runs:  # each waits on its own queue; a disconnect cancels the rest too
+                try:
+                    dones.append((await self.wait_done(handle, q, request))[1])
+                except BaseException:
+                    for other, _ in runs:
+                        other.cancel()
+                    raise
         except oc.ApiError:
             raise
         except Exception as exc:  # noqa: BLE001 - an engine failure is an API error too
             raise oc.api_error(exc) from None
-        if done.finish_reason == "error":
-            raise _engine_failed(done)
-        return done
+        failed = next((d for d in dones if d.finish_reason == "error"), None)
+        if failed is not None:
+            raise _engine_failed(failed)
+        return dones
+
+    async def start_choices(self, n: int, submit_one: Callable[[int], Any]) -> list:
+        """Submit the n choices of one request, [(handle, relay queue)]: the first, then, once its
+        prompt is prefilled (its first token, or its end), the others, which find the prompt's
+        save in the cache instead of prefilling it again. A refusal cancels what was submitted."""
+        runs: list = []
+        try:
+            for i in range(n):
+                handle = await asyncio.to_thread(_submit, lambda: submit_one(i))
+                started = asyncio.Event() if i == 0 and n > 1 else None
+                runs.append((handle, self.relay(handle, started)))
+                if started is not None:
+                    await started.wait()
+        except BaseException:
+            for handle, _ in runs:
+                handle.cancel()
+            raise
+        return runs
 
 
 async def _disconnected(request: Request) -> None:
@@ -288,7 +325,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
         kwargs, sampling, top = _submit(lambda: oc.chat_request(req, front.limits, max_context))
         rid = oc.new_id("chatcmpl")
 
-        def submit():
+        def render():
             frontend = engine.chat_frontend()
             rendered = frontend.render_chat(kwargs["messages"], tools=kwargs["tools"],
                                             cache_markers=kwargs["cache_markers"],
@@ -298,23 +335,26 @@ def build_app(front: OpenAIFront) -> FastAPI:
                 anchored = frontend.render_chat(kwargs["messages"], tools=kwargs["tools"],
                                                 cache_markers=kwargs["anchors"], marker_policy="none",
                                                 template_kwargs=kwargs["template_kwargs"])
-            handle = engine.submit_rendered(rendered, sampling=sampling, request_id=rid, session=kwargs["session"],
-                                            anchors=anchored)
-            return rendered, handle
+            return rendered, anchored
 
-        rendered, handle = await asyncio.to_thread(_submit, submit)
+        rendered, anchored = await asyncio.to_thread(_submit, render)
+        samplings = oc.choice_samplings(sampling, req.n or 1)
+        runs = await front.start_choices(len(samplings), lambda i: engine.submit_rendered(
+            rendered, sampling=samplings[i], request_id=_choice_id(rid, i), session=kwargs["session"],
+            anchors=anchored, **({"prompt_anchor": True} if i == 0 and len(samplings) > 1 else {})))
         parse_tools = req.tool_choice != "none"
         think = (rendered.text or "").rstrip().endswith(THINK_OPEN)
         decode = getattr(engine, "tokenizer_decode", None)
-        q = front.relay(handle)
         if not req.stream:
-            done = await front.completion(handle, q, request)
-            out = OutputStream(think_open=think, tool_calls=parse_tools)
-            out.push(done.text)
-            parsed = out.parsed()
-            return oc.chat_completion(rid, front.model_name, done, parsed, top, decode)
+            dones = await front.completions(runs, request)
+            parsed = []
+            for done in dones:
+                out = OutputStream(think_open=think, tool_calls=parse_tools)
+                out.push(done.text)
+                parsed.append(out.parsed())
+            return oc.chat_completion(rid, front.model_name, dones, parsed, top, decode)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_chat_stream(handle, front, q, rid, think, parse_tools, top, decode, include_usage),
+        return StreamingResponse(_chat_stream(runs, front, rid, think, parse_tools, top, decode, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/completions")
@@ -324,15 +364,15 @@ def build_app(front: OpenAIFront) -> FastAPI:
         rid = oc.new_id("cmpl")
         saves = {k: v for k, v in (("session", req.session), ("anchors", req.anchors), ("markers", req.markers),
                                    ("recovery_point", req.recovery_point)) if v}
-        handle = await asyncio.to_thread(_submit, lambda: engine.submit(prompt, sampling, request_id=rid,
-                                                                             **saves))
+        samplings = oc.choice_samplings(sampling, req.n or 1)
+        runs = await front.start_choices(len(samplings), lambda i: engine.submit(
+            prompt, samplings[i], request_id=_choice_id(rid, i), **saves))
         decode = getattr(engine, "tokenizer_decode", None)
-        q = front.relay(handle)
         if not req.stream:
-            done = await front.completion(handle, q, request)
-            return oc.text_completion(rid, front.model_name, done, top, decode)
+            dones = await front.completions(runs, request)
+            return oc.text_completion(rid, front.model_name, dones, top, decode)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_text_stream(handle, front, q, rid, top, decode, include_usage),
+        return StreamingResponse(_text_stream(runs, front, rid, top, decode, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/responses")
@@ -373,38 +413,56 @@ def build_app(front: OpenAIFront) -> FastAPI:
     return app
 
 
-async def _events(handle, q: asyncio.Queue) -> AsyncIterator[tuple[str, Any]]:
-    """The relay's items, up to and including the end."""
-    while True:
-        kind, item = await q.get()
-        yield kind, item
-        if kind != "delta":
-            return
+def _choice_id(rid: str, i: int) -> str:
+    """The engine request id of choice i (the API's own id for the first)."""
+    return rid if i == 0 else f"{rid}-{i}"
+
+
+async def _merged(runs: list) -> AsyncIterator[tuple[int, str, Any]]:
+    """(choice, kind, item) of every run's relay queue as they come, until each has ended."""
+    gets = {asyncio.ensure_future(q.get()): i for i, (_, q) in enumerate(runs)}
+    try:
+        while gets:
+            ready, _ = await asyncio.wait(gets, return_when=asyncio.FIRST_COMPLETED)
+            for got in sorted(ready, key=gets.get):  # the same order whenever several are ready
+                i = gets.pop(got)
+                kind, item = got.result()
+                yield i, kind, item
+                if kind == "delta":
+                    gets[asyncio.ensure_future(runs[i][1].get())] = i
+    finally:
+        for got in gets:
+            got.cancel()
 
 
 def _cancelling(stream):
-    """Wrap a response generator: unless it ran to its end, its request is cancelled at once
+    """Wrap a response generator: unless it ran to its end, its requests are cancelled at once
     (the client went away, or the server stops), not when the generator is collected."""
-    async def run(handle, *args):
+    async def run(runs, *args):
         ended = False
         try:
-            async for chunk in stream(handle, *args):
+            async for chunk in stream(runs, *args):
                 yield chunk
             ended = True
         finally:
             if not ended:
-                handle.cancel()
+                for handle, _ in runs:
+                    handle.cancel()
     return run
 
 
 @_cancelling
-async def _chat_stream(handle, front, q, rid, think, parse_tools, top, decode, include_usage):
+async def _chat_stream(runs, front, rid, think, parse_tools, top, decode, include_usage):
+    """The choices' chunks as they come (each names its choice's index), a finish chunk per choice,
+    then the usage of all (n) and [DONE]."""
     model, created = front.model_name, int(time.time())
-    out = OutputStream(think_open=think, tool_calls=parse_tools)
-    yield _sse(oc.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}))
-    async for kind, item in _events(handle, q):
+    outs = [OutputStream(think_open=think, tool_calls=parse_tools) for _ in runs]
+    dones: list = [None] * len(runs)
+    for i in range(len(runs)):
+        yield _sse(oc.chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, index=i))
+    async for i, kind, item in _merged(runs):
         if kind == "delta":
-            content, reasoning = out.push(item.text)
+            content, reasoning = outs[i].push(item.text)
             lps = oc.chat_logprobs(item.logprobs, top, decode) if top is not None else None
             delta = {}
             if reasoning:
@@ -412,48 +470,52 @@ async def _chat_stream(handle, front, q, rid, think, parse_tools, top, decode, i
             if content:
                 delta["content"] = content
             if delta or lps:
-                yield _sse(oc.chat_chunk(rid, model, created, delta, logprobs=lps))
+                yield _sse(oc.chat_chunk(rid, model, created, delta, logprobs=lps, index=i))
         elif kind == "done":
             if item.finish_reason == "error":
                 yield _sse(_engine_failed(item).body())
                 return
-            content, reasoning, calls = out.finish()
+            dones[i] = item
+            content, reasoning, calls = outs[i].finish()
             delta = {}
             if reasoning:
                 delta["reasoning_content"] = reasoning
             if content:
                 delta["content"] = content
             if calls:
-                delta["tool_calls"] = [dict(c, index=i) for i, c in enumerate(oc.tool_calls_out(calls))]
+                delta["tool_calls"] = [dict(c, index=k) for k, c in enumerate(oc.tool_calls_out(calls))]
             if delta:
-                yield _sse(oc.chat_chunk(rid, model, created, delta))
-            yield _sse(oc.chat_chunk(rid, model, created, {}, finish=oc.finish_reason(item, calls)))
-            if include_usage:
-                yield _sse(oc.usage_chunk(rid, model, created, item))
-            yield b"data: [DONE]\n\n"
+                yield _sse(oc.chat_chunk(rid, model, created, delta, index=i))
+            yield _sse(oc.chat_chunk(rid, model, created, {}, finish=oc.finish_reason(item, calls), index=i))
         else:
             yield _sse(oc.api_error(item).body())
             return
+    if include_usage:
+        yield _sse(oc.usage_chunk(rid, model, created, dones))
+    yield b"data: [DONE]\n\n"
 
 
 @_cancelling
-async def _text_stream(handle, front, q, rid, top, decode, include_usage):
+async def _text_stream(runs, front, rid, top, decode, include_usage):
     model, created = front.model_name, int(time.time())
-    offset = 0
-    async for kind, item in _events(handle, q):
+    offsets = [0] * len(runs)
+    dones: list = [None] * len(runs)
+    async for i, kind, item in _merged(runs):
         if kind == "delta":
-            lps = oc.completion_logprobs(item.logprobs, top, decode, offset) if top is not None else None
-            offset += len(item.text)
+            lps = oc.completion_logprobs(item.logprobs, top, decode, offsets[i]) if top is not None else None
+            offsets[i] += len(item.text)
             if item.text or lps:
-                yield _sse(oc.text_chunk(rid, model, created, item.text, logprobs=lps))
+                yield _sse(oc.text_chunk(rid, model, created, item.text, logprobs=lps, index=i))
         elif kind == "done":
             if item.finish_reason == "error":
                 yield _sse(_engine_failed(item).body())
                 return
-            yield _sse(oc.text_chunk(rid, model, created, "", finish=oc.FINISH.get(item.finish_reason, "stop")))
-            if include_usage:
-                yield _sse(oc.usage_chunk(rid, model, created, item, obj="text_completion"))
-            yield b"data: [DONE]\n\n"
+            dones[i] = item
+            yield _sse(oc.text_chunk(rid, model, created, "", finish=oc.FINISH.get(item.finish_reason, "stop"),
+                                     index=i))
         else:
             yield _sse(oc.api_error(item).body())
             return
+    if include_usage:
+        yield _sse(oc.usage_chunk(rid, model, created, dones, obj="text_completion"))
+    yield b"data: [DONE]\n\n"

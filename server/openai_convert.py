@@ -7,6 +7,7 @@ Requests become `SamplingParams` and the arguments of `Engine.submit_chat` / `su
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -106,9 +107,12 @@ UNSERVED: dict[str, tuple[tuple, str]] = {
 }
 
 
+MAX_CHOICES = 8  # n: choices of one request (the first prefills the prompt, the others reuse it)
+
+
 def _common_refusals(req) -> None:
-    if req.n not in (None, 1):
-        raise unsupported("n", "only n=1 is served (one choice per request)")
+    if req.n is not None and (isinstance(req.n, bool) or not 1 <= req.n <= MAX_CHOICES):
+        raise ApiError(400, f"n: must lie in [1, {MAX_CHOICES}], got {req.n!r}", param="n")
     if req.logit_bias:
         raise unsupported("logit_bias", "not supported by this engine")
     refuse_unserved(req)
@@ -315,11 +319,23 @@ def responses_tools(tools: Sequence[dict] | None) -> list[dict] | None:
 
 
 # --- responses -----------------------------------------------------------------------------------
-def usage(done: Completion) -> dict:
-    u = done.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+def choice_samplings(sampling: SamplingParams, n: int) -> list[SamplingParams]:
+    """The n choices' sampling: choice i draws with seed + i when a seed is set (so the choices
+    differ and each is reproducible), else each with its own random seed."""
+    if sampling.seed is None:
+        return [sampling] * n
+    return [dataclasses.replace(sampling, seed=(sampling.seed + i) % 2 ** 63) for i in range(n)]
+
+
+def usage(dones: Completion | Sequence[Completion]) -> dict:
+    """The prompt counted once (as OpenAI counts it for n choices) with the first choice's cached
+    tokens, and the tokens of every choice."""
+    dones = [dones] if isinstance(dones, Completion) else list(dones)
+    first = dones[0].usage
+    completion = sum(d.usage.completion_tokens for d in dones)
+    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": first.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
 
 
 def _piece(decode, token_id: int) -> tuple[str, list[int]]:
@@ -364,40 +380,46 @@ def finish_reason(done: Completion, calls: Sequence[dict]) -> str:
     return FINISH.get(done.finish_reason, "stop")
 
 
-def chat_completion(rid: str, model: str, done: Completion, parsed, top: int | None, decode) -> dict:
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content or (None if parsed.tool_calls else "")}
-    if parsed.reasoning_content is not None:
-        message["reasoning_content"] = parsed.reasoning_content
-    if parsed.tool_calls:
-        message["tool_calls"] = tool_calls_out(parsed.tool_calls)
-    choice = {"index": 0, "message": message, "finish_reason": finish_reason(done, parsed.tool_calls),
-              "logprobs": {"content": chat_logprobs(done.logprobs, top, decode)} if top is not None else None}
+def chat_completion(rid: str, model: str, dones: Sequence[Completion], parsed: Sequence, top: int | None,
+                    decode) -> dict:
+    """One choice per completion, in order (n)."""
+    choices = []
+    for i, (done, p) in enumerate(zip(dones, parsed)):
+        message: dict[str, Any] = {"role": "assistant", "content": p.content or (None if p.tool_calls else "")}
+        if p.reasoning_content is not None:
+            message["reasoning_content"] = p.reasoning_content
+        if p.tool_calls:
+            message["tool_calls"] = tool_calls_out(p.tool_calls)
+        choices.append({"index": i, "message": message, "finish_reason": finish_reason(done, p.tool_calls),
+                        "logprobs": {"content": chat_logprobs(done.logprobs, top, decode)} if top is not None
+                        else None})
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": usage(done)}
+            "choices": choices, "usage": usage(dones)}
 
 
 def chat_chunk(rid: str, model: str, created: int, delta: dict, *, finish: str | None = None,
-               logprobs: list | None = None) -> dict:
-    choice = {"index": 0, "delta": delta, "finish_reason": finish,
+               logprobs: list | None = None, index: int = 0) -> dict:
+    choice = {"index": index, "delta": delta, "finish_reason": finish,
               "logprobs": {"content": logprobs} if logprobs is not None else None}
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
 
 
-def usage_chunk(rid: str, model: str, created: int, done: Completion, obj: str = "chat.completion.chunk") -> dict:
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(done)}
+def usage_chunk(rid: str, model: str, created: int, dones, obj: str = "chat.completion.chunk") -> dict:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": usage(dones)}
 
 
-def text_completion(rid: str, model: str, done: Completion, top: int | None, decode) -> dict:
-    choice = {"index": 0, "text": done.text, "finish_reason": FINISH.get(done.finish_reason, "stop"),
-              "logprobs": completion_logprobs(done.logprobs, top, decode) if top is not None else None}
+def text_completion(rid: str, model: str, dones: Sequence[Completion], top: int | None, decode) -> dict:
+    choices = [{"index": i, "text": done.text, "finish_reason": FINISH.get(done.finish_reason, "stop"),
+                "logprobs": completion_logprobs(done.logprobs, top, decode) if top is not None else None}
+               for i, done in enumerate(dones)]
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": usage(done)}
+            "choices": choices, "usage": usage(dones)}
 
 
 def text_chunk(rid: str, model: str, created: int, text: str, *, finish: str | None = None,
-               logprobs: dict | None = None) -> dict:
+               logprobs: dict | None = None, index: int = 0) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]}
+            "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}]}
 
 
 def response_output(parsed) -> list[dict]:

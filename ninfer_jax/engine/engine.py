@@ -298,10 +298,12 @@ class Engine:
                                     anchors=anchored)
 
     def submit_rendered(self, rendered, *, sampling: SamplingParams | None = None, request_id: str | None = None,
-                        session=None, anchors=None) -> RequestHandle:
+                        session=None, anchors=None, prompt_anchor: bool = False) -> RequestHandle:
         """Queue a prompt the chat frontend rendered (`render_chat`, `render_responses(...).prompt`):
         it saves at the frontiers the rendering chose; `anchors`, a rendering of the same
-        conversation with the anchors as its only markers, adds those as private anchors."""
+        conversation with the anchors as its only markers, adds those as private anchors;
+        `prompt_anchor` adds one at the prompt's end (the first of n choices: the others then
+        start from the whole prompt, an exact hit)."""
         media = None
         items = tuple(getattr(rendered, "media", ()))
         if items:  # its placeholders run with their media, never as text (a fluent wrong answer)
@@ -314,6 +316,9 @@ class Engine:
         saves = saves_of(rendered)
         if anchors is not None:
             saves += [SavePoint(m.frontier, PointKind.ANCHOR) for m in anchors.markers]
+        end = len(rendered.token_ids)
+        if prompt_anchor and all(s.frontier != end for s in saves):
+            saves.append(SavePoint(end, PointKind.ANCHOR))
         if media is not None:
             bad = next((s.frontier for s in saves if media.inside(s.frontier)), None)
             if bad is not None:

@@ -204,6 +204,44 @@ BOUNDED_WEATHER = {"type": "function", "function": {
                    "properties": {"city": {"type": "string", "maxLength": 8}}}}}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_share_the_prompt_and_equal_their_engine_runs(live, stream):
+    """Issue 36: n choices. The first prefills the prompt; the others start once it has and find
+    the prompt in the cache (the engine counts their cached tokens). Choice i draws with seed + i,
+    so each equals the engine's run with that seed; greedy choices are all the same."""
+    srv, client = live
+    user = [{"role": "user", "content": f"Three choices, streamed={stream}."}]
+    before = srv.engine.stats()
+    kw = dict(model=MODEL, messages=user, max_tokens=10, temperature=0.9, seed=21, n=3)
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+        texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                 for i in range(3)]
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert len(finishes) == 3
+        usage = chunks[-1].usage
+    else:
+        got = client.chat.completions.create(**kw)
+        assert [c.index for c in got.choices] == [0, 1, 2]
+        texts = [c.message.content for c in got.choices]
+        usage = got.usage
+    after = srv.engine.stats()
+    wants = [srv.engine.chat(user, sampling=SamplingParams(temperature=0.9, seed=21 + i, max_tokens=10))
+             for i in range(3)]
+    assert texts == [w.text for w in wants]
+    assert usage.prompt_tokens == len(wants[0].prompt_token_ids)
+    assert usage.completion_tokens == sum(len(w.token_ids) for w in wants)
+    assert after["requests_submitted"] - before["requests_submitted"] == 3
+    # The prompt was prefilled once: choices 1 and 2 start from the whole of it (an exact hit at
+    # the anchor choice 0 saved at its end), beyond what choice 0 itself found in the cache.
+    found = usage.prompt_tokens_details.cached_tokens
+    assert after["prefill_tokens"] - before["prefill_tokens"] == usage.prompt_tokens - found
+    assert after["cached_tokens"] - before["cached_tokens"] == found + 2 * usage.prompt_tokens
+    text = client.completions.create(model=MODEL, prompt=[5, 77, 300], max_tokens=6, temperature=0, n=2)
+    assert [c.index for c in text.choices] == [0, 1] and text.choices[0].text == text.choices[1].text
+    _settled(srv)
+
+
 def test_structured_output_over_chat_completions_and_responses(live):
     """Issue 36: response_format json_object / json_schema, vLLM's guided fields, tool_choice
     named or required, and Responses text.format: the output matches, and equals the engine's
@@ -263,9 +301,19 @@ def test_vllm_fields_not_served_are_refused_naming_them(live, field, value):
     assert got.choices[0].finish_reason == "length"
 
 
-def test_cache_control_on_a_content_part_is_a_shared_marker(live):
+@pytest.fixture
+def fresh():
+    """A server of its own: a test whose cache must not hold what earlier tests left (the live
+    server's StateImage slots fill up over the module, and a capture that cannot be admitted is
+    skipped, SAVE-5)."""
+    srv = _serve(engine_factory(MODEL, max_concurrency=2, max_context=512, progress=False))
+    yield srv, _client(srv)
+    srv.shutdown(grace_s=2.0)
+
+
+def test_cache_control_on_a_content_part_is_a_shared_marker(fresh):
     """SH-2: Anthropic-style cache_control marks a shared entry another conversation reuses."""
-    srv, client = live
+    srv, client = fresh
     system = {"role": "system", "content": [{"type": "text", "text": "You are the weather desk of a newspaper.",
                                              "cache_control": {"type": "ephemeral"}}]}
     client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": "Paris?"}],
@@ -314,7 +362,8 @@ def test_models_listing(live):
     ({"model": MODEL, "messages": [{"role": "user", "content": "word " * 2000}]}, openai.BadRequestError,
      "context_length_exceeded"),
     ({"model": MODEL, "messages": USER, "max_tokens": -3}, openai.BadRequestError, "max_tokens"),
-    ({"model": MODEL, "messages": USER, "n": 2}, openai.BadRequestError, "n=1"),
+    ({"model": MODEL, "messages": USER, "n": 9}, openai.BadRequestError, "n: must lie in [1, 8]"),
+    ({"model": MODEL, "messages": USER, "n": 0}, openai.BadRequestError, "n: must lie in [1, 8]"),
     ({"model": MODEL, "messages": USER, "tool_choice": "required"}, openai.BadRequestError, "needs tools"),
     ({"model": MODEL, "messages": USER, "tools": [WEATHER],
       "tool_choice": {"type": "function", "function": {"name": "nope"}}}, openai.BadRequestError, "not among"),
