@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ninfer_jax.frontend.output_parser import THINK_OPEN, OutputStream
 from ninfer_jax.frontend.responses import ResponsesStore
@@ -100,16 +101,19 @@ class OpenAIFront(RunningRequests):
             raise oc.ApiError(413, f"request body of {declared} bytes exceeds the server limit of {limit}",
                               code="request_too_large")
         raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > limit:
-                raise oc.ApiError(413, f"request body exceeds the server limit of {limit} bytes",
-                                  code="request_too_large")
+        try:
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > limit:
+                    raise oc.ApiError(413, f"request body exceeds the server limit of {limit} bytes",
+                                      code="request_too_large")
+        except ClientDisconnect:  # gone while sending: nobody reads an answer, nothing ran
+            raise oc.ApiError(499, "client closed the connection while sending its body") from None
         kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if kind and kind != "application/json" and not kind.endswith("+json"):
             raise oc.ApiError(415, f"the body must be application/json, not {kind}", code="unsupported_media_type")
         try:
-            data = json.loads(raw)
+            data = json.loads(raw, parse_constant=_no_constant)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise oc.ApiError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
         except RecursionError:  # nested past the parser's own limit
@@ -227,6 +231,11 @@ class OpenAIFront(RunningRequests):
                 handle.cancel()
             raise
         return runs
+
+
+def _no_constant(name: str):
+    """NaN and Infinity are not JSON (Python's parser takes them; no answer could carry them back)."""
+    raise json.JSONDecodeError(f"{name} is not a JSON value", name, 0)
 
 
 async def _disconnected(request: Request) -> None:

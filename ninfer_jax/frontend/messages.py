@@ -149,6 +149,8 @@ def _arguments(raw: Any, where: str) -> dict:
             raw = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise MalformedToolCallError(f"{where}: arguments are not valid JSON ({exc.msg})") from exc
+        except RecursionError:  # nested past the parser's limit (inside a string, the body's own check misses it)
+            raise MalformedToolCallError(f"{where}: arguments nest too deep") from None
     if not isinstance(raw, Mapping):
         raise MalformedToolCallError(f"{where}: arguments must be a JSON object")
     return _json_like(dict(raw), where)
@@ -242,6 +244,8 @@ def normalize_messages(messages: Sequence[Any], tools: Sequence[Any] | None = No
             if open_calls is None:
                 raise MalformedToolCallError(f"{where}: a tool message must follow an assistant tool call")
             call_id = raw.get("tool_call_id")
+            if call_id is not None and not isinstance(call_id, str):
+                raise MalformedToolCallError(f"{where}: tool_call_id must be a string, got {type(call_id).__name__}")
             if call_id is not None and open_calls and call_id not in open_calls:
                 raise MalformedToolCallError(f"{where}: tool_call_id {call_id!r} answers no preceding tool call")
         else:

@@ -119,7 +119,10 @@ def strip_cache_control(items: Sequence[Mapping[str, Any]]) -> list[dict]:
 def _reasoning_text(item: Mapping[str, Any]) -> str:
     texts = []
     for key in ("summary", "content"):
-        for part in item.get(key) or []:
+        parts = item.get(key) or []
+        if not isinstance(parts, (list, tuple)):
+            raise MalformedInputError(f"a reasoning item's {key} must be a list of parts, got {type(parts).__name__}")
+        for part in parts:
             if isinstance(part, Mapping) and isinstance(part.get("text"), str):
                 texts.append(part["text"])
     return "\n".join(texts)
