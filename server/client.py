@@ -64,6 +64,8 @@ def sampling_to_proto(sampling: Any) -> pb.SamplingParams | None:
     for key, value in fields.items():
         if key in ("stop", "stop_token_ids"):
             getattr(msg, key).extend(value)
+        elif key == "structured_output":
+            msg.structured_output.kind, msg.structured_output.spec_json = value
         else:
             setattr(msg, key, value)
     return msg

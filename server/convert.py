@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable
 
+from ninfer_jax.engine.grammar import StructuredOutput
 from ninfer_jax.engine.types import Completion, SamplingParams, TokenDelta, TokenLogprob
+from ninfer_jax.errors import RequestError
 from ninfer_jax.frontend.output_parser import parse_assistant_output
 from server.errors import BadRequest
 from server.limits import ServerLimits
@@ -34,11 +36,24 @@ def sampling_from_proto(msg: pb.SamplingParams, limits: ServerLimits, max_contex
         fields["stop"] = tuple(msg.stop)
     if msg.stop_token_ids:
         fields["stop_token_ids"] = tuple(msg.stop_token_ids)
+    if msg.HasField("structured_output"):
+        fields["structured_output"] = structured_from_proto(msg.structured_output)
     if not fields:
         return None
     params = SamplingParams(**fields)
     limits.check_max_tokens(params.max_tokens, max_context)
     return params
+
+
+def structured_from_proto(msg: pb.StructuredOutput) -> StructuredOutput:
+    """RequestError naming the field for a spec that is not JSON or does not fit its kind."""
+    try:
+        spec = json.loads(msg.spec_json) if msg.spec_json else None
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"sampling.structured_output.spec_json: not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise RequestError("sampling.structured_output.spec_json: nests too deep") from None
+    return StructuredOutput(msg.kind, spec)
 
 
 def prompt_from_proto(req: pb.GenerateRequest, limits: ServerLimits) -> str | list[int]:

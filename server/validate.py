@@ -111,13 +111,29 @@ SAMPLING_BOUNDS: dict[str, Bound] = {
 }
 DEFAULT_MAX_TOKENS = 128  # SamplingParams.max_tokens' default (the client does not import the engine)
 # SamplingParams fields the protocol does not carry, each with why (refused when set): a replay's
-# forced output (`ninfer trace`, in process) and, for now, structured output.
-UNCARRIED_FIELDS = {"forced_output": "replay only: the protocol does not carry it",
-                    "structured_output": "not carried by the protocol yet: use the Python API or the HTTP API"}
+# forced output (`ninfer trace`, in process).
+UNCARRIED_FIELDS = {"forced_output": "replay only: the protocol does not carry it"}
+STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "choice", "lark", "tool_calls")  # engine/grammar.py's
 # Every other SamplingParams field, in its order of checks (the bools are not range-checked).
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs",
-                   "min_tokens", "include_stop_str_in_output")
+                   "min_tokens", "include_stop_str_in_output", "structured_output")
+
+
+def check_structured(value: Any) -> tuple[str, str]:
+    """(kind, spec as JSON) of a structured output: a mapping {"kind", "spec"} or an object with
+    those attributes (the engine's StructuredOutput). The server checks the spec itself."""
+    field = "sampling.structured_output"
+    kind, spec = ((value.get("kind"), value.get("spec")) if isinstance(value, Mapping)
+                  else (getattr(value, "kind", None), getattr(value, "spec", None)))
+    if kind not in STRUCTURED_KINDS:
+        _fail(f"{field}.kind", f"must be one of {STRUCTURED_KINDS}, got {kind!r}")
+    if kind in ("json_schema", "tool_calls") and isinstance(spec, str):  # JSON text already (the engine's form)
+        return kind, spec
+    try:
+        return kind, "" if spec is None else json.dumps(spec if not isinstance(spec, tuple) else list(spec))
+    except (TypeError, ValueError) as exc:
+        _fail(f"{field}.spec", f"must be JSON-serialisable ({exc})")
 
 
 def _too_big_for_wire(field: str, value: int, wire_max: int) -> None:
@@ -169,6 +185,8 @@ def check_sampling(sampling: Any) -> dict[str, Any] | None:
                     _too_big_for_wire(field, t, INT32_MAX)
             if value:
                 out[name] = [int(t) for t in value]
+        elif name == "structured_output":
+            out[name] = check_structured(value)
         elif name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(value, bool) and value not in (0, 1):
                 _fail(field, f"must be a bool, got {value!r}")

@@ -90,7 +90,15 @@ class StructuredOutput:
 
 
 def _tool_spec(spec) -> str:
-    """The canonical JSON of a tool_calls spec, checked: the tools' names and parameters, the name."""
+    """The canonical JSON of a tool_calls spec, checked: the tools' names and parameters, the name.
+    `spec["tools"]`: chat tools, or (the canonical form, also as JSON text) {name: parameters}."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise RequestError(f"{_FIELD}.spec: not JSON ({e})") from None
+    if isinstance(spec, dict) and isinstance(spec.get("tools"), dict):
+        spec = dict(spec, tools=[{"name": n, "parameters": p} for n, p in spec["tools"].items()])
     if not isinstance(spec, dict) or not isinstance(spec.get("tools"), (list, tuple)) or not spec["tools"]:
         raise RequestError(f"{_FIELD}.spec: tool_calls needs a non-empty list of tools")
     tools = {}

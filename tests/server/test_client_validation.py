@@ -170,7 +170,8 @@ def test_sampling_table_covers_samplingparams_and_the_proto():
     names = [f.name for f in dataclasses.fields(SamplingParams) if f.name not in validate.UNCARRIED_FIELDS]
     assert sorted(validate.SAMPLING_FIELDS) == sorted(names)
     assert sorted(pb.SamplingParams.DESCRIPTOR.fields_by_name) == sorted(names)
-    numeric = {n for n in names if n not in ("stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output")}
+    numeric = {n for n in names if n not in ("stop", "stop_token_ids", "ignore_eos", "include_stop_str_in_output",
+                                             "structured_output")}
     assert set(validate.SAMPLING_BOUNDS) == numeric
 
 

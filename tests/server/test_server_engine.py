@@ -3,6 +3,7 @@ chunk 32) on a real loopback channel: streams equal `engine.generate`, cancel/di
 free everything (`check_integrity()`), errors map, concurrent streams with random cuts end clean."""
 from __future__ import annotations
 
+import json
 import queue
 import random
 import threading
@@ -67,6 +68,29 @@ def test_min_tokens_and_include_stop_str_cross_the_wire(real, settled):
         got = client.generate(prompt, sampling=sampling)
         assert (got.token_ids, got.text) == (list(want.token_ids), want.text), extra
     assert client.generate(prompt, sampling={**GREEDY, "stop_token_ids": [first]}).token_ids == [first]
+    settled(srv, engine)
+
+
+def test_structured_output_crosses_the_wire(real, settled):
+    """Issue 36: a structured output (as a mapping, or the engine's own StructuredOutput) rides
+    the protocol; the text matches and equals the engine's in process; a bad grammar is
+    INVALID_ARGUMENT naming the field."""
+    from ninfer_jax.engine.grammar import StructuredOutput
+
+    srv, client, engine = real
+    schema = {"type": "object", "additionalProperties": False, "required": ["n"],
+              "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}}
+    for so in (StructuredOutput("json_schema", schema), {"kind": "choice", "spec": ["up", "down"]},
+               {"kind": "regex", "spec": "[a-c]{3}"}):
+        got = client.generate("Say it:", sampling={**GREEDY, "structured_output": so})
+        want_so = so if isinstance(so, StructuredOutput) else StructuredOutput(so["kind"], so["spec"])
+        want = engine.generate("Say it:", SamplingParams(**GREEDY, structured_output=want_so))
+        assert (got.token_ids, got.text) == (list(want.token_ids), want.text)
+    assert json.loads(client.generate("Say it:", sampling={**GREEDY, "structured_output":
+                                                          StructuredOutput("json_schema", schema)}).text)["n"] <= 99
+    with pytest.raises(grpc.RpcError) as err:
+        client.generate("Say it:", sampling={**GREEDY, "structured_output": {"kind": "regex", "spec": "("}})
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "structured_output" in err.value.details()
     settled(srv, engine)
 
 
