@@ -6,9 +6,14 @@ decoding, one Verify unit per row (issue 17) — and one prefill chunk per cycle
 end reports compute demand and captures at the semantic frontier it ended on (HEAT-2, SAVE-*);
 sampling commits each row's next token, streams it and says whether it finished the request.
 The compute time the engine reports is the Program's own (`_compute`).
+
+A row held to a grammar (structured output) needs its token mask before it is sampled; the masks
+of a decode step's rows are computed on a worker thread while the step runs (llguidance and the
+device wait both release the GIL), so constrained rows add little to the step's wall time.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import numpy as np
@@ -17,6 +22,40 @@ import ninfer_jax.engine.sampling as sampling
 from ninfer_jax.engine.request import DECODE, Request
 from ninfer_jax.engine.types import TokenDelta
 from ninfer_jax.program.program import DecodeRow
+
+
+_MASKS: concurrent.futures.ThreadPoolExecutor | None = None  # one worker for every engine's masks
+
+
+def _mask_worker() -> concurrent.futures.ThreadPoolExecutor:
+    global _MASKS
+    if _MASKS is None:
+        _MASKS = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ninfer-grammar")
+    return _MASKS
+
+
+def _masks_during_step(rows: list[Request]):
+    """Start the next-token masks of the rows held to a grammar (None: no such row); `_take_masks`
+    gives each to its row once the step has run. Nothing else reads a matcher meanwhile."""
+    held = [r for r in rows if r.matcher is not None and not r.sampling.forced_output]
+    if not held:
+        return None
+    return held, _mask_worker().submit(lambda: [r.matcher.allowed() for r in held])
+
+
+def _take_masks(pending) -> None:
+    if pending is not None:
+        held, future = pending
+        for r, mask in zip(held, future.result()):
+            r.next_allowed = mask
+
+
+def _allowed(req: Request):
+    """The row's mask for its next token: the one computed during the step, else now."""
+    if req.matcher is None:
+        return None
+    mask, req.next_allowed = req.next_allowed, None
+    return mask if mask is not None else req.matcher.allowed()
 
 
 class Execution:
@@ -39,9 +78,11 @@ class Execution:
             return
         # The rows' page lists are passed as they are (read during the call, never kept): a
         # 45k-token context holds ~700 pages, copied for nothing every cycle otherwise.
+        masks = _masks_during_step(rows)
         logits = self._compute(self.program.decode, [
             DecodeRow(r.output[-1], r.fed, r.pages, r.slot,
                       rope=r.media.decode_rope(r.fed) if r.media is not None else None) for r in rows])
+        _take_masks(masks)
         self.counters["decode_steps"] += 1
         plain = [sampling.plain_greedy(r.sampling) for r in rows]
         picks = sampling.greedy_rows(logits[:len(rows)]) if any(plain) else None  # one argmax for the batch
@@ -67,11 +108,13 @@ class Execution:
         reuse and pauses. The state is committed at the last token fed (CKP-2/3); a rejected
         position leaves nothing that is ever read."""
         wanted = [self._drafts(r) for r in rows]
+        masks = _masks_during_step(rows)  # the first position's; the next follow each choice
         logits, drafts = self._compute(self.program.spec_decode,
                                        [DecodeRow(r.output[-1], r.fed, r.pages, r.slot, r.mtp_pages,
                                                   r.media.decode_rope(r.fed) if r.media is not None else None)
                                         for r in rows],
                                        wanted)
+        _take_masks(masks)
         self.counters["decode_steps"] += 1
         now = self.program.clock()
         keep, ends = [], []
@@ -119,9 +162,8 @@ class Execution:
             elif sampling.plain_greedy(sp):
                 token = int(np.argmax(np.asarray(logits[j], np.float32)))
             else:
-                allowed = req.matcher.allowed() if req.matcher is not None else None
                 token, lp = sampling.sample(logits[j], sp, req.seed, base + len(out), req.prompt, out,
-                                            sampling.held_ids(req.stop_ids, sp, out), allowed)
+                                            sampling.held_ids(req.stop_ids, sp, out), _allowed(req))
                 if req.matcher is not None:  # the next position's mask follows this choice
                     req.matcher.consume(token)
             choices.append((token, lp))
@@ -194,9 +236,8 @@ class Execution:
             lp = sampling.logprob_of(logits, sp, token, req.prompt, output) if sp.logprobs else None
         elif token is None:
             position = len(req.prompt) + len(output)
-            allowed = req.matcher.allowed() if req.matcher is not None else None
             token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output,
-                                        sampling.held_ids(req.stop_ids, sp, output), allowed)
+                                        sampling.held_ids(req.stop_ids, sp, output), _allowed(req))
             if req.matcher is not None:
                 req.matcher.consume(token)
         reason = self._emit(req, token, lp, now)

@@ -93,6 +93,7 @@ class Request:
     session: object = None
     media: object = None  # engine/media.py RequestMedia: its images and videos, positions, media identity
     matcher: object = None  # engine/grammar.py Matcher of its structured output: at its committed output
+    next_allowed: object = None  # its mask for the next token, computed while the step ran (execution.py)
     encoded: set = dataclasses.field(default_factory=set)  # media keys the tower encoded for it (PAUSE-6)
     output: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
