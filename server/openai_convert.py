@@ -79,7 +79,6 @@ def new_id(prefix: str) -> str:
 # request that sets one to anything but its neutral value is refused naming it, never served
 # as if it had not been sent. {name: (the values that change nothing, why)}.
 UNSERVED: dict[str, tuple[tuple, str]] = {
-    "prompt_logprobs": ((None, 0), "not served yet: prompt logprobs need every prefill position's logits"),
     "guided_decoding_backend": ((None, "auto", "llguidance", "guidance"), "the grammar engine is llguidance"),
     "guided_whitespace_pattern": ((None,), "JSON is written on one line (`, ` and `: `); no other pattern"),
     "use_beam_search": ((None, False), "beam search is not served"),
@@ -115,6 +114,8 @@ def _common_refusals(req) -> None:
         raise ApiError(400, f"n: must lie in [1, {MAX_CHOICES}], got {req.n!r}", param="n")
     if req.logit_bias:
         raise unsupported("logit_bias", "not supported by this engine")
+    if req.stream and req.prompt_logprobs is not None:
+        raise unsupported("prompt_logprobs", "not streamed: they come with the whole answer (send stream: false)")
     refuse_unserved(req)
 
 
@@ -136,7 +137,7 @@ def sampling_of(req, *, max_tokens: int | None, logprobs: int, limits: ServerLim
     RequestError (SamplingParams' own checks) or BadRequest (server limits) on bad values."""
     fields: dict[str, Any] = {"structured_output": structured} if structured is not None else {}
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty", "ignore_eos", "min_tokens", "include_stop_str_in_output"):
+                 "repetition_penalty", "ignore_eos", "min_tokens", "include_stop_str_in_output", "prompt_logprobs"):
         value = getattr(req, name, None)
         if value is not None:
             fields[name] = value
@@ -380,6 +381,24 @@ def finish_reason(done: Completion, calls: Sequence[dict]) -> str:
     return FINISH.get(done.finish_reason, "stop")
 
 
+def prompt_logprobs_out(done: Completion, decode) -> list | None:
+    """vLLM's prompt_logprobs: per prompt token None (the first) or {token id: {logprob, rank,
+    decoded_token}} of the token itself and the top ones asked for."""
+    if done.prompt_logprobs is None:
+        return None
+    out: list = []
+    for entry in done.prompt_logprobs:
+        if entry is None:
+            out.append(None)
+            continue
+        ranked = {entry.token_id: (entry.logprob, entry.rank)}
+        for k, (t, v) in enumerate(entry.top):
+            ranked.setdefault(t, (v, k + 1))
+        out.append({str(t): {"logprob": v, "rank": r, "decoded_token": _piece(decode, t)[0]}
+                    for t, (v, r) in ranked.items()})
+    return out
+
+
 def chat_completion(rid: str, model: str, dones: Sequence[Completion], parsed: Sequence, top: int | None,
                     decode) -> dict:
     """One choice per completion, in order (n)."""
@@ -393,8 +412,11 @@ def chat_completion(rid: str, model: str, dones: Sequence[Completion], parsed: S
         choices.append({"index": i, "message": message, "finish_reason": finish_reason(done, p.tool_calls),
                         "logprobs": {"content": chat_logprobs(done.logprobs, top, decode)} if top is not None
                         else None})
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(dones)}
+    out = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+           "choices": choices, "usage": usage(dones)}
+    if dones[0].prompt_logprobs is not None:  # vLLM puts the prompt's once, at the top
+        out["prompt_logprobs"] = prompt_logprobs_out(dones[0], decode)
+    return out
 
 
 def chat_chunk(rid: str, model: str, created: int, delta: dict, *, finish: str | None = None,
@@ -410,7 +432,9 @@ def usage_chunk(rid: str, model: str, created: int, dones, obj: str = "chat.comp
 
 def text_completion(rid: str, model: str, dones: Sequence[Completion], top: int | None, decode) -> dict:
     choices = [{"index": i, "text": done.text, "finish_reason": FINISH.get(done.finish_reason, "stop"),
-                "logprobs": completion_logprobs(done.logprobs, top, decode) if top is not None else None}
+                "logprobs": completion_logprobs(done.logprobs, top, decode) if top is not None else None,
+                **({"prompt_logprobs": prompt_logprobs_out(done, decode)} if done.prompt_logprobs is not None
+                   else {})}
                for i, done in enumerate(dones)]
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(dones)}

@@ -51,6 +51,7 @@ class _Sampling(_Body):
     stop_token_ids: Optional[list[int]] = None
     min_tokens: Optional[int] = None
     include_stop_str_in_output: Optional[bool] = None
+    prompt_logprobs: Optional[int] = None
     session: Optional[str] = None
 
 

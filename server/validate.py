@@ -112,7 +112,8 @@ SAMPLING_BOUNDS: dict[str, Bound] = {
 DEFAULT_MAX_TOKENS = 128  # SamplingParams.max_tokens' default (the client does not import the engine)
 # SamplingParams fields the protocol does not carry, each with why (refused when set): a replay's
 # forced output (`ninfer trace`, in process).
-UNCARRIED_FIELDS = {"forced_output": "replay only: the protocol does not carry it"}
+UNCARRIED_FIELDS = {"forced_output": "replay only: the protocol does not carry it",
+                    "prompt_logprobs": "not carried by the protocol yet: use the Python API or the HTTP API"}
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "choice", "lark", "tool_calls")  # engine/grammar.py's
 # Every other SamplingParams field, in its order of checks (the bools are not range-checked).
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",

@@ -85,6 +85,8 @@ class Speculative(ProgramContract, Protocol):
 
     def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int,
                 mtp_pages: Sequence[int] = ()) -> np.ndarray: ...
+    # A Program with `serves_prompt_logprobs` True also takes `all_logits=True`: logits `[n, V]`
+    # of every token of the chunk (SamplingParams.prompt_logprobs).
 
     def spec_decode(self, rows: Sequence[DecodeRow], wanted: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Each row's Verify unit: (logits `[n, k+1, V]`, drafts `[n, k]`); nothing committed."""

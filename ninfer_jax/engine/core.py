@@ -108,6 +108,9 @@ class EngineCore(UnitPlanning, Execution):
         bad = next((t for t in sp.forced_output if t >= vocab), None)
         if bad is not None:
             raise RequestError(f"sampling.forced_output: token id {bad} outside the vocabulary [0, {vocab})")
+        if sp.prompt_logprobs is not None and not getattr(self.program, "serves_prompt_logprobs", False):
+            raise RequestError("sampling.prompt_logprobs: not served by this engine (with speculative decoding "
+                               "its prefill keeps the last position's logits only)")
         matcher = None
         if sp.structured_output is not None and not sp.forced_output:  # compiled here, before queueing
             if self.grammars is None:
@@ -131,7 +134,8 @@ class EngineCore(UnitPlanning, Execution):
                                          min_tokens=sp.min_tokens, include_stop=sp.include_stop_str_in_output),
                        stop_ids=frozenset(stop_ids),
                        saves=saves, splits=splits, session=session, t_submit=self.program.clock(), raw=raw,
-                       media=media, matcher=matcher)
+                       media=media, matcher=matcher,
+                       prompt_lps=[None] if sp.prompt_logprobs is not None else None)
 
     def reserve_id(self, request_id: str) -> bool:
         """Take `request_id` for a request about to be posted; False while another submitted
@@ -282,7 +286,7 @@ class EngineCore(UnitPlanning, Execution):
         applicant = ledger.Applicant(ledger.ApplicantKind.NECESSARY, ticket=req.ticket, fresh=True)
         return self.reuse.bind(req.ticket, self.reuse.identity_at(req, len(req.target)), session=req.session,
                                unit_end=lambda f: self.unit_end(req, f), ticket=req.ticket,
-                               resume=False, applicant=applicant, permit=permit)
+                               resume=False, applicant=applicant, permit=permit, at_most=req.logits_from)
 
     # ---- what the transaction in flight tells the core (TransactionEvents) ------------------
     def transaction_ended(self, ended: TransactionEnd) -> None:

@@ -176,8 +176,14 @@ class Execution:
         n = self._chunk(req)
         tokens = req.target[req.fed:req.fed + n]
         media = self._chunk_media(req, n) if req.media is not None else None
+        kw = {"media": media} if media else {}
+        if req.prompt_lps is not None and len(req.prompt_lps) < len(req.prompt):
+            kw["all_logits"] = True  # prompt_logprobs: every position's logits, this chunk on
         logits = self._compute(self.program.prefill, tokens, req.fed, req.pages, req.slot,
-                               *((req.mtp_pages,) if self.spec_k else ()), **({"media": media} if media else {}))
+                               *((req.mtp_pages,) if self.spec_k else ()), **kw)
+        if kw.get("all_logits"):
+            self._record_prompt_logprobs(req, logits)
+            logits = logits[-1]
         self.counters["prefill_chunks"] += 1
         replay = req.replaying
         # OBS-1: recomputing what was computed before a pause is Replay; the rest is prefill.
@@ -194,6 +200,15 @@ class Execution:
         if not req.output:
             self._sample(req, logits)  # the prompt's end: its first token
         # else the binding is rebuilt; the pending token is decoded next (PAUSE-5)
+
+    def _record_prompt_logprobs(self, req: Request, logits) -> None:
+        """The entries of the prompt tokens this chunk's logits predict (position p's logits give
+        token p + 1's), those not recorded yet (a Replay recomputes some): the raw distribution."""
+        top = req.sampling.prompt_logprobs
+        for j in range(len(logits)):
+            nxt = req.fed + j + 1
+            if nxt == len(req.prompt_lps) and nxt < len(req.prompt):
+                req.prompt_lps.append(sampling.prompt_entry(logits[j], req.prompt[nxt], top))
 
     def _chunk_media(self, req: Request, n: int):
         """The media inputs of the request's next `n` tokens: each item they cover comes from

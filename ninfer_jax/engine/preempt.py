@@ -234,7 +234,7 @@ class Preemption:
         bound = reuse.bind(req.ticket, reuse.identity_at(req, len(req.target)), session=req.session,
                            unit_end=lambda f: host.unit_end(req, max(f, req.computed)),
                            ticket=req.ticket, resume=True, snapshot=snap, applicant=applicant, revoke=take,
-                           permit=permit)
+                           permit=permit, at_most=req.logits_from)
         if isinstance(bound, ledger.Refusal):
             return bound
         i = bisect.bisect_left(self._tickets, req.ticket)

@@ -94,6 +94,7 @@ class Request:
     media: object = None  # engine/media.py RequestMedia: its images and videos, positions, media identity
     matcher: object = None  # engine/grammar.py Matcher of its structured output: at its committed output
     next_allowed: object = None  # its mask for the next token, computed while the step ran (execution.py)
+    prompt_lps: list | None = None  # prompt_logprobs: the entries so far (the first prompt token's is None)
     encoded: set = dataclasses.field(default_factory=set)  # media keys the tower encoded for it (PAUSE-6)
     output: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)
@@ -150,6 +151,14 @@ class Request:
         return (self.page_objects + self.mtp_page_objects
                 + ([self.slot_object] if self.slot_object is not None else []))
 
+    @property
+    def logits_from(self) -> int | None:
+        """The frontier its prefill must start from at the latest: with prompt_logprobs still to
+        record, the position whose logits give the next entry; None when anything goes."""
+        if self.prompt_lps is None or len(self.prompt_lps) >= len(self.prompt):
+            return None
+        return len(self.prompt_lps) - 1
+
     def completion(self) -> Completion:
         def since_submit(t: float | None) -> float | None:  # OBS-2: first-event times from submission
             return None if t is None else t - self.t_submit
@@ -160,6 +169,7 @@ class Request:
             usage=Usage(prompt_tokens=len(self.prompt), cached_tokens=self.cached_tokens,
                         completion_tokens=len(self.output)),
             logprobs=tuple(self.logprobs), error=self.error,
+            prompt_logprobs=tuple(self.prompt_lps) if self.prompt_lps is not None else None,
             ttft_s=since_submit(self.t_first_token),
             max_output_gap_s=self.max_gap if len(self.output) >= 2 else None,  # OBS-3, OBS-4
             admitted_s=since_submit(self.t_admitted),

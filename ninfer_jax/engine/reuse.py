@@ -169,7 +169,7 @@ class ContextCache:
     # ---- admission: sources and bind -------------------------------------------------------
     def bind(self, request, ident: ledger.InputIdentity, *, session, unit_end, ticket: int, resume: bool,
              snapshot: int | None = None, applicant: Applicant | None = None, revoke: bool = True,
-             permit: int | None = None) -> Bound | Refusal:
+             permit: int | None = None, at_most: int | None = None) -> Bound | Refusal:
         """Query sources for the tokens of `ident` and bind the best one that can be had
         (SRC-*, BIND-*). Returns the binding, or the last Refusal (nothing retired, SRC-4).
 
@@ -185,9 +185,12 @@ class ContextCache:
         waits, and `bind` is called again with the transaction's `permit` once it is published
         (engine/transactions.py). A source blocked by the running transaction, a read-back while
         the one slot is taken, or a shortfall a transfer in flight will close is waited for
-        rather than given up for a worse source (SRC-5): Refusals in `WAIT_REASONS`."""
+        rather than given up for a worse source (SRC-5): Refusals in `WAIT_REASONS`. `at_most`: no
+        source past this frontier (a request that needs every position's logits from there on)."""
         query = SourceQuery(request, ident, session if self.enabled else None, snapshot=snapshot)
         cands = ledger.query_sources(self.program.state, self.cache, query, self.cost)
+        if at_most is not None:  # it must compute from there on itself (prompt_logprobs); the root always fits
+            cands = tuple(c for c in cands if c.frontier <= at_most)
         last: Refusal = Refusal("no_source", None, "no candidate")
         page = ledger.PAGE_TOKENS
         kind = UnitKind.RECOVERY if resume else UnitKind.PREFILL

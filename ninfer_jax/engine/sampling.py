@@ -73,6 +73,14 @@ def _entry(x: np.ndarray, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(token, float(lp[token]), tuple((int(i), float(lp[i])) for i in top_ids))
 
 
+def prompt_entry(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """A prompt token's entry (prompt_logprobs): its logprob under the raw distribution (no
+    penalty, no mask) and the `top` best."""
+    x = np.asarray(logits, np.float64)
+    entry = _entry(x, token, top)
+    return TokenLogprob(entry.token_id, entry.logprob, entry.top, rank=1 + int(np.sum(x > x[token])))
+
+
 def logprob_of(logits: np.ndarray, sp: SamplingParams, token: int, prompt: Sequence[int],
                output: Sequence[int]) -> TokenLogprob:
     """The logprob entry of a token chosen elsewhere (a forced output), as `sample` reports it."""

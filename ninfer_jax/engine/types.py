@@ -44,6 +44,10 @@ class SamplingParams:
     # The output must match this grammar (engine/grammar.py): the tokens it does not allow next
     # are masked out of every draw, EOS included until the grammar is complete.
     structured_output: StructuredOutput | None = None
+    # The logprob of every prompt token after the first (and this many top ones) under the model's
+    # raw distribution (vLLM's prompt_logprobs); the request then prefills its whole prompt itself,
+    # reusing nothing, as every position's logits are needed. None: not asked.
+    prompt_logprobs: int | None = None
     # Replay only: the engine emits exactly these tokens, through the normal decode path, and
     # ends ("stop") after the last one (or at max_tokens / max_context). No sampling, no stop
     # strings or eos: a trace replayed this way ends where the recorded request ended.
@@ -92,6 +96,9 @@ class SamplingParams:
             bad("include_stop_str_in_output", f"must be a bool, got {self.include_stop_str_in_output!r}")
         if self.structured_output is not None and not isinstance(self.structured_output, StructuredOutput):
             bad("structured_output", f"must be a StructuredOutput, got {type(self.structured_output).__name__}")
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
+                                                 or not 0 <= self.prompt_logprobs <= 20):
+            bad("prompt_logprobs", f"must be an int in [0, 20], got {self.prompt_logprobs!r}")
         if not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20:
             bad("logprobs", f"must be an int in [0, 20], got {self.logprobs!r}")
         try:
@@ -118,6 +125,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first
+    rank: int | None = None  # 1 + the tokens more likely than it (prompt_logprobs entries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +148,9 @@ class Completion:
     usage: Usage
     logprobs: tuple[TokenLogprob, ...] = ()
     error: str | None = None  # set when finish_reason == "error"
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing
+    # predicts it); else None.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     # First-event and latency figures (OBS-1, OBS-2, OBS-4), all measured from submission on the
     # Program's clock (modelled seconds on SimProgram, wall seconds on the real model). Each event
     # is recorded once: a pause does not restart them (OBS-2, PAUSE-1). None: the event never happened.

@@ -144,7 +144,7 @@ class Program:
         return time.perf_counter()
 
     # ---- execution ------------------------------------------------------------------
-    def _run(self, kind: str, *args, media=None):
+    def _run(self, kind: str, *args, media=None, all_logits: bool = False):
         """One compiled step on the pools. `media`: a prefill chunk's `ChunkMedia` (one row) or
         a decode batch's rotary positions `[B]` (the media executables)."""
         kv_pool = self.stores.pools[ledger.MAIN_KV]
@@ -162,29 +162,38 @@ class Program:
             if kind == "prefill":
                 logits, _, kv, state = self.steps.prefill(kv_pool.tree, st_pool.tree, *args, embeds=media.embeds[None],
                                                           embed_rows=media.embed_rows[None],
-                                                          rope=media.rope[:, None])
+                                                          rope=media.rope[:, None], all_logits=all_logits)
             else:
                 logits, _, kv, state = self.steps.decode(kv_pool.tree, st_pool.tree, *args, rope=media)
+        elif kind == "prefill":
+            logits, _, kv, state = self.steps.prefill(kv_pool.tree, st_pool.tree, *args, all_logits=all_logits)
         else:
-            fn = self.steps.prefill if kind == "prefill" else self.steps.decode
-            logits, _, kv, state = fn(kv_pool.tree, st_pool.tree, *args)
+            logits, _, kv, state = self.steps.decode(kv_pool.tree, st_pool.tree, *args)
         kv_pool.replace(kv)
         st_pool.replace(state)
         return logits
 
-    def _step(self, kind: str, *args, media=None) -> np.ndarray:
+    def _step(self, kind: str, *args, media=None, all_logits: bool = False) -> np.ndarray:
         """One compiled step, its logits on the host; the time is counted in `step_seconds` (by
         the Program's own clock)."""
         t0 = self.clock()
-        logits = np.asarray(self._run(kind, *args, media=media))
+        logits = np.asarray(self._run(kind, *args, media=media, all_logits=all_logits))
         self.step_seconds += self.clock() - t0
         return logits
 
+    @property
+    def serves_prompt_logprobs(self) -> bool:
+        """Whether `prefill(..., all_logits=True)` is served: not with speculative decoding, whose
+        prefill step keeps the last position's logits only."""
+        return not self.speculative_tokens
+
     def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int,
-                mtp_pages: Sequence[int] = (), media=None) -> np.ndarray:
-        """One prefill chunk of one request from frontier `start`; logits `[V]` of its last token.
-        `mtp_pages`: its MTP pool pages (speculative decoding); `media`: the chunk's
-        `ChunkMedia` of width `chunk_size` (engine/media.py; None: text, plain positions)."""
+                mtp_pages: Sequence[int] = (), media=None, all_logits: bool = False) -> np.ndarray:
+        """One prefill chunk of one request from frontier `start`; logits `[V]` of its last token
+        (`all_logits`: `[n, V]`, every token's; its own executable per table width, compiled on
+        the first chunk that asks: SamplingParams.prompt_logprobs). `mtp_pages`: its MTP pool
+        pages (speculative decoding); `media`: the chunk's `ChunkMedia` of width `chunk_size`
+        (engine/media.py; None: text, plain positions)."""
         n = len(tokens)
         if not 0 < n <= self.chunk_size:
             raise ValueError(f"prefill chunk of {n} tokens; expected 1..{self.chunk_size}")
@@ -197,9 +206,12 @@ class Program:
         # numpy in, no eager jnp conversions: the compiled step takes host arrays directly.
         width = self.prefill_width(start + n)
         extra = (self._tables([mtp_pages], 1, width),) if self.speculative_tokens else ()
+        if all_logits and self.speculative_tokens:
+            raise ValueError("all_logits is not served with speculative decoding")
         logits = self._step("prefill", buf, np.array([start], np.int32), np.array([n], np.int32),
-                            self._tables([pages], 1, width), np.array([slot], np.int32), *extra, media=media)
-        return logits[0]
+                            self._tables([pages], 1, width), np.array([slot], np.int32), *extra, media=media,
+                            all_logits=all_logits)
+        return logits[0, :n] if all_logits else logits[0]
 
     def prefill_width(self, end: int) -> int:
         """The page-table width of a chunk ending at token `end`: the narrowest compiled one that

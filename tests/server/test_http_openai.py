@@ -283,7 +283,40 @@ def test_structured_output_over_chat_completions_and_responses(live):
     _settled(srv)
 
 
-@pytest.mark.parametrize("field, value", [("prompt_logprobs", 1), ("guided_decoding_backend", "xgrammar"),
+def test_prompt_logprobs_are_the_models_own(live):
+    """Issue 36: vLLM's prompt_logprobs. The request prefills its whole prompt (nothing reused: every
+    position's logits are needed); each prompt token after the first gets its logprob, rank and the
+    top ones, equal to the whole-sequence forward's."""
+    import numpy as np
+
+    srv, client = live
+    ids = [(7 * i + 3) % 900 + 5 for i in range(40)]
+    client.completions.create(model=MODEL, prompt=ids, max_tokens=2, temperature=0)  # now cached
+    before = srv.engine.stats()["prefill_tokens"]
+    got = client.completions.create(model=MODEL, prompt=ids, max_tokens=2, temperature=0,
+                                    extra_body={"prompt_logprobs": 3})
+    assert srv.engine.stats()["prefill_tokens"] - before == len(ids)  # cold, though cached
+    assert got.usage.prompt_tokens_details.cached_tokens == 0
+    plp = got.choices[0].model_extra["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    logits = np.asarray(srv.engine.program.model.forward(np.array(ids, np.int32)), np.float64)
+    ref = logits - logits.max(-1, keepdims=True)
+    ref -= np.log(np.exp(ref).sum(-1, keepdims=True))
+    for p in range(1, len(ids)):
+        entry = plp[p][str(ids[p])]
+        assert abs(entry["logprob"] - ref[p - 1, ids[p]]) < 1e-4
+        assert entry["rank"] == 1 + int(np.sum(ref[p - 1] > ref[p - 1, ids[p]]))
+        assert len(plp[p]) >= 3
+    chat = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, temperature=0,
+                                          extra_body={"prompt_logprobs": 0})
+    assert len(chat.model_extra["prompt_logprobs"]) == chat.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, stream=True,
+                                       extra_body={"prompt_logprobs": 1})
+    _settled(srv)
+
+
+@pytest.mark.parametrize("field, value", [("guided_decoding_backend", "xgrammar"),
                                           ("guided_whitespace_pattern", " *"), ("use_beam_search", True),
                                           ("skip_special_tokens", False), ("chat_template", "{{ x }}"),
                                           ("priority", 1), ("add_generation_prompt", False)])
