@@ -31,6 +31,16 @@ def int_arg(argv: list[str], name: str, default: int) -> int:
     return default
 
 
+def str_arg(argv: list[str], name: str, default: str) -> str:
+    """`--name=V` or `--name V` among a benchmark's own arguments, else `default`."""
+    for i, a in enumerate(argv):
+        if a.startswith(f"--{name}="):
+            return a.split("=", 1)[1]
+        if a == f"--{name}" and i + 1 < len(argv):
+            return argv[i + 1]
+    return default
+
+
 def load(name: str, benches: dict[str, str] | None = None):
     """The module of benchmark `name` among `benches` (default: ninfer_jax's own, BENCHES)."""
     benches = BENCHES if benches is None else benches

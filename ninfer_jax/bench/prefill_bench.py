@@ -17,21 +17,12 @@ import time
 
 import numpy as np
 
-from ninfer_jax.bench import int_arg
+from ninfer_jax.bench import int_arg, str_arg
 from ninfer_jax.bench.stats import median
 
 
 def _say(msg: str) -> None:
     print(f"[bench prefill] {msg}", file=sys.stderr, flush=True)
-
-
-def _str_arg(argv: list[str], name: str, default: str) -> str:
-    for i, a in enumerate(argv):
-        if a.startswith(f"--{name}="):
-            return a.split("=", 1)[1]
-        if a == f"--{name}" and i + 1 < len(argv):
-            return argv[i + 1]
-    return default
 
 
 def _program(geometry: dict, max_context: int, chunk: int):
@@ -59,7 +50,7 @@ def run(argv: list[str]) -> dict:
     from ninfer_jax.bench.geometries import GEOMETRIES
     from ninfer_jax.model.pools import PAGE_SIZE
 
-    name = _str_arg(argv, "geometry", "small")
+    name = str_arg(argv, "geometry", "small")
     if name not in GEOMETRIES:
         raise SystemExit(f"ninfer bench prefill: unknown --geometry {name!r}; choose one of {sorted(GEOMETRIES)}")
     max_context, prompt_len = int_arg(argv, "max_context", 4096), int_arg(argv, "prompt_len", 2048)

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from ninfer_jax.bench import int_arg
+from ninfer_jax.bench import int_arg, str_arg
 from ninfer_jax.bench.geometries import GEOMETRIES
 from ninfer_jax.bench.stats import median
 
@@ -40,15 +40,6 @@ IMAGE_GRID = (1, 32, 32)  # 512 x 512 pixels: 1,024 patches, 256 merged tokens
 
 def _say(msg: str) -> None:
     print(f"[bench vision] {msg}", file=sys.stderr, flush=True)
-
-
-def _arg(argv: list[str], name: str, default: str) -> str:
-    for i, a in enumerate(argv):
-        if a.startswith(f"--{name}="):
-            return a.split("=", 1)[1]
-        if a == f"--{name}" and i + 1 < len(argv):
-            return argv[i + 1]
-    return default
 
 
 def _checkpoint(folder: str, geometry: dict, tower: dict):
@@ -86,7 +77,7 @@ def run(argv: list[str]) -> dict:
     from ninfer_jax.config import MediaConfig
     from ninfer_jax.model.multimodal import encode_media
 
-    geometry_name, tower_name = _arg(argv, "geometry", "small"), _arg(argv, "tower", "small")
+    geometry_name, tower_name = str_arg(argv, "geometry", "small"), str_arg(argv, "tower", "small")
     if geometry_name not in GEOMETRIES or tower_name not in TOWERS:
         raise SystemExit(f"ninfer bench vision: --geometry one of {sorted(GEOMETRIES)}, --tower one of {sorted(TOWERS)}")
     rounds, chunk = int_arg(argv, "rounds", 3), int_arg(argv, "chunk_size", 256)

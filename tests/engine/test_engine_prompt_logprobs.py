@@ -21,6 +21,13 @@ def _reference(model, ids):
     return lp - np.log(np.exp(lp).sum(-1, keepdims=True))
 
 
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    e = make_engine(tiny_model)
+    yield e
+    e.close()
+
+
 def _run(engine, sp, pause_at=None, route="replay"):
     h = engine.submit(PROMPT, sp, request_id="p")
     paused = False
@@ -36,62 +43,57 @@ def _run(engine, sp, pause_at=None, route="replay"):
     return h.result()
 
 
-def test_entries_equal_the_whole_sequence_forward_and_nothing_is_reused(tiny_model):
-    engine = make_engine(tiny_model)
-    try:
-        plain = _run(engine, SamplingParams(temperature=0, max_tokens=5))  # the prompt is now cached
-        got = _run(engine, SamplingParams(temperature=0, max_tokens=5, prompt_logprobs=4))
-        assert got.token_ids == plain.token_ids and got.usage.cached_tokens == 0
-        assert plain.prompt_logprobs is None and len(got.prompt_logprobs) == len(PROMPT)
-        assert got.prompt_logprobs[0] is None
-        ref = _reference(tiny_model, PROMPT)
-        for p in range(1, len(PROMPT)):
-            e = got.prompt_logprobs[p]
-            assert e.token_id == PROMPT[p] and abs(e.logprob - ref[p - 1, PROMPT[p]]) < 1e-4
-            assert e.rank == 1 + int(np.sum(ref[p - 1] > ref[p - 1, PROMPT[p]]))
-            assert [t for t, _ in e.top] == np.argsort(-ref[p - 1], kind="stable")[:4].tolist()
-        engine.check_integrity()
-    finally:
-        engine.close()
+def test_entries_equal_the_whole_sequence_forward_and_nothing_is_reused(engine, tiny_model):
+    plain = _run(engine, SamplingParams(temperature=0, max_tokens=5))  # the prompt is now cached
+    got = _run(engine, SamplingParams(temperature=0, max_tokens=5, prompt_logprobs=4))
+    assert got.token_ids == plain.token_ids and got.usage.cached_tokens == 0
+    assert plain.prompt_logprobs is None and len(got.prompt_logprobs) == len(PROMPT)
+    assert got.prompt_logprobs[0] is None
+    ref = _reference(tiny_model, PROMPT)
+    for p in range(1, len(PROMPT)):
+        e = got.prompt_logprobs[p]
+        assert e.token_id == PROMPT[p] and abs(e.logprob - ref[p - 1, PROMPT[p]]) < 1e-4
+        assert e.rank == 1 + int(np.sum(ref[p - 1] > ref[p - 1, PROMPT[p]]))
+        assert [t for t, _ in e.top] == np.argsort(-ref[p - 1], kind="stable")[:4].tolist()
+    engine.check_integrity()
 
 
 @pytest.mark.parametrize("route", ["replay", "snapshot"])
-def test_a_pause_in_the_prefill_records_each_position_once(tiny_model, route):
-    engine = make_engine(tiny_model)
-    try:
-        sp = SamplingParams(temperature=0, max_tokens=5, prompt_logprobs=1)
-        whole = _run(engine, sp)
-        paused = _run(engine, sp, pause_at=96, route=route)
-        assert paused.token_ids == whole.token_ids
-        assert [e and (e.token_id, e.rank) for e in paused.prompt_logprobs] == \
-               [e and (e.token_id, e.rank) for e in whole.prompt_logprobs]
-        assert max(abs(a.logprob - b.logprob) for a, b in zip(paused.prompt_logprobs[1:], whole.prompt_logprobs[1:])) \
-            < 1e-5
-    finally:
-        engine.close()
+def test_a_pause_in_the_prefill_records_each_position_once(engine, route):
+    """The prompt is cached whole by then: a Replay must still not take a source past the
+    position it needs logits from."""
+    sp = SamplingParams(temperature=0, max_tokens=5, prompt_logprobs=1)
+    whole = _run(engine, sp)
+    paused = _run(engine, sp, pause_at=96, route=route)
+    assert paused.token_ids == whole.token_ids
+    assert [e and (e.token_id, e.rank) for e in paused.prompt_logprobs] == \
+           [e and (e.token_id, e.rank) for e in whole.prompt_logprobs]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(paused.prompt_logprobs[1:], whole.prompt_logprobs[1:])) \
+        < 1e-5
 
 
 def test_refused_where_it_cannot_be_served(tiny_model):
-    spec = make_engine(tiny_model, speculative_tokens=2)
-    try:
-        with pytest.raises(RequestError, match="sampling.prompt_logprobs: not served"):
-            spec.submit(PROMPT, SamplingParams(prompt_logprobs=1))
-    finally:
-        spec.close()
+    """A Program with speculative decoding does not serve it (its prefill keeps the last logits
+    only), and an engine over such a Program refuses it at submission."""
+    from ninfer_jax import EngineConfig
+    from ninfer_jax.engine.core import EngineCore
+    from ninfer_jax.program.program import Program
+
+    spec = Program(EngineConfig(max_concurrency=2, max_context=256, chunk_size=32, speculative_tokens=2,
+                                progress=False), model=tiny_model)  # not warmed up: nothing compiles
+    assert not spec.serves_prompt_logprobs
+    with pytest.raises(RequestError, match="sampling.prompt_logprobs: not served"):
+        EngineCore(spec).make_request(PROMPT, SamplingParams(prompt_logprobs=1), None, lambda rid: None)
     for bad in (-1, 21, 1.5):
         with pytest.raises(RequestError, match="sampling.prompt_logprobs"):
             SamplingParams(prompt_logprobs=bad)
 
 
-def test_cancel_mid_prefill_leaves_nothing(tiny_model):
-    engine = make_engine(tiny_model)
-    try:
-        h = engine.submit(PROMPT, SamplingParams(max_tokens=5, prompt_logprobs=2))
-        engine.step()
-        h.cancel()
-        run_until_done(engine, [h])
-        assert h.result().finish_reason == "cancelled"
-        assert engine.stats()["residents"] == 0
-        engine.check_integrity()
-    finally:
-        engine.close()
+def test_cancel_mid_prefill_leaves_nothing(engine):
+    h = engine.submit(PROMPT, SamplingParams(max_tokens=5, prompt_logprobs=2))
+    engine.step()
+    h.cancel()
+    run_until_done(engine, [h])
+    assert h.result().finish_reason == "cancelled"
+    assert engine.stats()["residents"] == 0
+    engine.check_integrity()

@@ -8,28 +8,18 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer_jax import Engine, EngineConfig, SamplingParams
+from ninfer_jax import SamplingParams
 from ninfer_jax.errors import RequestError
 
 PROMPT = [{"role": "user", "content": "Hi there"}]
-
-
-@pytest.fixture(scope="module")
-def engines():
-    plain = Engine(EngineConfig(max_concurrency=2, max_context=256, chunk_size=32, progress=False))
-    spec = Engine(EngineConfig(max_concurrency=2, max_context=256, chunk_size=32, speculative_tokens=2,
-                               progress=False))
-    yield plain, spec
-    plain.close()
-    spec.close()
 
 
 def _run(engine, **kw):
     return engine.chat(PROMPT, sampling=SamplingParams(temperature=0, max_tokens=16, **kw))
 
 
-def test_min_tokens_holds_back_a_stop_id_and_then_lets_it_end(engines):
-    plain, spec = engines
+def test_min_tokens_holds_back_a_stop_id_and_then_lets_it_end(plain_and_spec):
+    plain, spec = plain_and_spec
     base = _run(plain)
     first = base.token_ids[0]
     assert _run(plain, stop_token_ids=(first,)).token_ids == (first,)  # it stops at once
@@ -41,11 +31,11 @@ def test_min_tokens_holds_back_a_stop_id_and_then_lets_it_end(engines):
     assert _run(spec, stop_token_ids=(first,), min_tokens=3).token_ids == held.token_ids
 
 
-def test_min_tokens_holds_back_eos(engines):
+def test_min_tokens_holds_back_eos(plain_and_spec):
     """Greedy replies of this model do not end, so seeded draws are searched for one that ends on
     EOS; with min_tokens past that length, EOS is never drawn before it, and speculative decoding
     draws exactly the same tokens."""
-    plain, spec = engines
+    plain, spec = plain_and_spec
     eos = set(plain.program.eos_token_ids)
     drawn = (plain.chat(PROMPT, sampling=SamplingParams(temperature=1.0, seed=seed, max_tokens=40))
              for seed in range(64))
@@ -57,8 +47,8 @@ def test_min_tokens_holds_back_eos(engines):
     assert spec.chat(PROMPT, sampling=held).token_ids == longer.token_ids
 
 
-def test_min_tokens_holds_back_stop_strings(engines):
-    plain, _ = engines
+def test_min_tokens_holds_back_stop_strings(plain_and_spec):
+    plain, _ = plain_and_spec
     base = _run(plain)
     assert base.text.startswith("\n")
     assert _run(plain, stop=("\n",)).text == ""  # the first token's text holds the stop string
@@ -66,8 +56,8 @@ def test_min_tokens_holds_back_stop_strings(engines):
     assert len(later.token_ids) > 4 and later.text == base.text[:base.text.index("\n", 1)]
 
 
-def test_include_stop_str_in_output(engines):
-    plain, _ = engines
+def test_include_stop_str_in_output(plain_and_spec):
+    plain, _ = plain_and_spec
     base = _run(plain)
     word = base.text.strip().split()[1][:4]  # a stop string inside the second word
     at = base.text.index(word)
@@ -76,8 +66,8 @@ def test_include_stop_str_in_output(engines):
     assert kept.text == base.text[:at + len(word)]
 
 
-def test_a_stop_id_text_is_output_only_when_asked(engines):
-    plain, _ = engines
+def test_a_stop_id_text_is_output_only_when_asked(plain_and_spec):
+    plain, _ = plain_and_spec
     base = _run(plain)
     third = base.token_ids[2]
     without = _run(plain, stop_token_ids=(third,))

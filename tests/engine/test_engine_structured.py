@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
+from ninfer_jax import ContextCacheConfig, SamplingParams
 from ninfer_jax.engine.grammar import StructuredOutput
 from ninfer_jax.errors import RequestError
 
@@ -50,58 +50,51 @@ def _sp(so, i=0, **kw):
 PROMPT = [{"role": "user", "content": "The weather in Paris, as JSON please."}]
 
 
-@pytest.fixture(scope="module")
-def engines():
-    plain = Engine(EngineConfig(max_concurrency=2, max_context=256, chunk_size=32, progress=False))
-    spec = Engine(EngineConfig(max_concurrency=2, max_context=256, chunk_size=32, speculative_tokens=2,
-                               progress=False))
-    yield plain, spec
-    plain.close()
-    spec.close()
-
-
 # json_object bounds nothing (any keys, any values): greedy only, where this model closes it.
 CASES = [(so, i) for so in KINDS for i in ((0,) if so.kind == "json_object" else (0, 1, 3))]
 
 
 @pytest.mark.parametrize("so, i", CASES, ids=[f"{so.kind}-{i}" for so, i in CASES])
-def test_every_kind_holds_greedy_and_seeded_and_with_mtp(engines, so, i):
-    plain, spec = engines
+def test_every_kind_holds_greedy_and_seeded_and_with_mtp(plain_and_spec, so, i):
+    plain, spec = plain_and_spec
     got = plain.chat(PROMPT, sampling=_sp(so, i))
     assert got.finish_reason == "stop" and _holds(so, got.text), got.text
     assert got.token_ids[-1] in plain.program.eos_token_ids  # the grammar ended it with EOS
     assert spec.chat(PROMPT, sampling=_sp(so, i)).token_ids == got.token_ids  # drafts change nothing
 
 
-def test_constrained_and_free_rows_batched_equal_each_alone(tiny_model):
+@pytest.fixture(scope="module")
+def cold(tiny_model):
+    """A stepped engine with no context cache (the cold reference), C = 8."""
     engine = make_engine(tiny_model, max_concurrency=8, context_cache=ContextCacheConfig(enabled=False))
-    try:
-        prompts = [engine.chat_frontend().render_chat([{"role": "user", "content": f"Question {i}: the weather?"}])
-                   .token_ids for i in range(8)]
-        sps = [_sp(KINDS[i % 4], i) if i % 2 == 0 else SamplingParams(temperature=1.0, seed=i, max_tokens=20)
-               for i in range(8)]
-        alone = []
-        for p, sp in zip(prompts, sps):
-            h = engine.submit(list(p), sp)
-            run_until_done(engine, [h])
-            alone.append(h.result().token_ids)
-        handles = [engine.submit(list(p), sp) for p, sp in zip(prompts, sps)]
-        run_until_done(engine, handles)  # all eight queued before the first cycle: one batch
-        assert [h.result().token_ids for h in handles] == alone
-        assert all(_holds(sp.structured_output, h.result().text) for h, sp in zip(handles, sps)
-                   if sp.structured_output is not None)
-    finally:
-        engine.close()
+    yield engine
+    engine.close()
+
+
+def test_constrained_and_free_rows_batched_equal_each_alone(cold):
+    engine = cold
+    prompts = [engine.chat_frontend().render_chat([{"role": "user", "content": f"Question {i}: the weather?"}])
+               .token_ids for i in range(8)]
+    sps = [_sp(KINDS[i % 4], i) if i % 2 == 0 else SamplingParams(temperature=1.0, seed=i, max_tokens=20)
+           for i in range(8)]
+    alone = []
+    for p, sp in zip(prompts, sps):
+        h = engine.submit(list(p), sp)
+        run_until_done(engine, [h])
+        alone.append(h.result().token_ids)
+    handles = [engine.submit(list(p), sp) for p, sp in zip(prompts, sps)]
+    run_until_done(engine, handles)  # all eight queued before the first cycle: one batch
+    assert [h.result().token_ids for h in handles] == alone
+    assert all(_holds(sp.structured_output, h.result().text) for h, sp in zip(handles, sps)
+               if sp.structured_output is not None)
 
 
 @pytest.mark.parametrize("route", ["snapshot", "replay"])
-def test_pauses_in_a_constrained_decode_change_nothing(tiny_model, route):
+def test_pauses_in_a_constrained_decode_change_nothing(tiny_model, cold, route):
     """A request paused after 3 and again after 9 constrained tokens resumes with its grammar where
-    its committed output left it, and ends exactly as the uninterrupted run."""
+    its committed output left it, and ends exactly as the uninterrupted run on a cold engine."""
     so = StructuredOutput("json_schema", SCHEMA)
-    cold = make_engine(tiny_model, max_concurrency=2)
     want = cold.chat(PROMPT, sampling=_sp(so, 1))
-    cold.close()
     engine = make_engine(tiny_model, max_concurrency=2)
     try:
         tokens = engine.chat_frontend().render_chat(PROMPT).token_ids
@@ -134,8 +127,8 @@ def test_pauses_in_a_constrained_decode_change_nothing(tiny_model, route):
     (lambda: StructuredOutput("xml"), "must be one of"),
     (lambda: SamplingParams(structured_output={"type": "json_object"}), "must be a StructuredOutput"),
 ])
-def test_a_bad_grammar_is_refused_before_it_is_queued(engines, so, says):
-    plain, _ = engines
+def test_a_bad_grammar_is_refused_before_it_is_queued(plain_and_spec, so, says):
+    plain, _ = plain_and_spec
     before = plain.stats()["requests_submitted"]
     with pytest.raises(RequestError, match=f"structured_output.*{says}"):
         plain.submit([1, 2, 3], SamplingParams(structured_output=so()) if callable(so) else so)

@@ -338,7 +338,7 @@ def test_vllm_fields_not_served_are_refused_naming_them(live, field, value):
 def fresh():
     """A server of its own: a test whose cache must not hold what earlier tests left (the live
     server's StateImage slots fill up over the module, and a capture that cannot be admitted is
-    skipped, SAVE-5)."""
+    skipped)."""
     srv = _serve(engine_factory(MODEL, max_concurrency=2, max_context=512, progress=False))
     yield srv, _client(srv)
     srv.shutdown(grace_s=2.0)
