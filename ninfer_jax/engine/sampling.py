@@ -47,7 +47,11 @@ def _penalised(logits: np.ndarray, sp: SamplingParams, prompt: Sequence[int], ou
     if allowed is not None:  # structured output: what the grammar does not allow next
         x[~allowed] = -np.inf
     if held:  # min_tokens: these cannot be drawn yet
-        x[np.fromiter(held, dtype=np.int64)] = -np.inf
+        ids = np.fromiter(held, dtype=np.int64)
+        kept = x[ids]
+        x[ids] = -np.inf
+        if allowed is not None and not np.isfinite(x).any():
+            x[ids] = kept  # the grammar allows nothing but a stop: it is complete, and ends here
     if sp.repetition_penalty != 1.0:
         seen = np.fromiter(set(prompt) | set(output), dtype=np.int64)
         if seen.size:

@@ -117,6 +117,17 @@ def test_pauses_in_a_constrained_decode_change_nothing(tiny_model, cold, route):
         engine.close()
 
 
+def test_a_grammar_complete_before_min_tokens_ends_on_eos(plain_and_spec):
+    """min_tokens holds EOS back, but a complete grammar allows nothing else: the grammar wins and
+    the request ends (it used to draw a token the grammar refused and fail the engine)."""
+    plain, spec = plain_and_spec
+    so = StructuredOutput("choice", CHOICES)
+    for engine in (plain, spec):
+        got = engine.chat(PROMPT, sampling=_sp(so, 0, min_tokens=20))
+        assert got.finish_reason == "stop" and got.text in CHOICES and len(got.token_ids) < 20
+        assert got.token_ids[-1] in engine.program.eos_token_ids
+
+
 @pytest.mark.parametrize("so, says", [
     (lambda: StructuredOutput("regex", "("), "does not compile"),
     (lambda: StructuredOutput("lark", "start: nothing"), "does not compile"),
