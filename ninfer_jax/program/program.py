@@ -272,7 +272,8 @@ class Program:
         width = width or self.capacity.pages_per_request
         table = np.zeros((bucket, width), np.int32)
         for i, pages in enumerate(page_lists):
-            pages = list(pages)[:width]
+            if len(pages) > width:  # only a narrowed prefill table cuts: a decode row's list is not copied
+                pages = pages[:width]
             table[i, :len(pages)] = pages
         return table
 
