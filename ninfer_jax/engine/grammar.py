@@ -186,11 +186,7 @@ class Grammars:
         """A fresh matcher of `spec`; RequestError naming the field when it does not compile."""
         import llguidance as llg
 
-        grammar = spec.grammar(self._added)
-        error = llg.LLMatcher.validate_grammar(grammar, self.tokenizer)
-        if error:
-            raise RequestError(f"{_FIELD}: the {spec.kind} does not compile: {error.strip().splitlines()[0]}")
-        m = llg.LLMatcher(self.tokenizer, grammar, log_level=0)
-        if m.is_error():
+        m = llg.LLMatcher(self.tokenizer, spec.grammar(self._added), log_level=0)  # compiles once
+        if m.is_error():  # the constructor never raises: a grammar that does not compile is an error state
             raise RequestError(f"{_FIELD}: the {spec.kind} does not compile: {m.get_error().splitlines()[0]}")
         return Matcher(m, self.vocab_size)
