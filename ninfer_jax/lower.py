@@ -184,6 +184,8 @@ def all_steps(shapes: Shapes) -> list[Step]:
             out.append(Step(f"spec_decode[b={b},k={k}]", "step", "spec_decode", (("b", b),)))
             out.append(Step(f"spec_commit[b={b},k={k}]", "step", "spec_commit", (("b", b),)))
     out.append(Step("hidden_logits", "head", "hidden_logits"))
+    if not k:  # structured output's mask step after a decode step (a Verify unit masks on the host)
+        out += [Step(f"mask_logits[b={b}]", "head", "mask_logits", (("b", b),)) for b in shapes.decode_buckets]
     pools = [(MAIN_KV, shapes.kv_pages), (STATE_POOL, shapes.state_slots)]
     if k:
         pools.append((MTP_POOL, shapes.mtp_pages))
@@ -387,6 +389,16 @@ def _build_hidden_logits(a: Abstract):
     return jax.jit(lm_head), (a.params, _sds((a.cfg.hidden_size,), a.dtype))
 
 
+def _build_mask_logits(a: Abstract, b: int):
+    import jax
+    import jax.numpy as jnp
+
+    from ninfer_jax.model import token_mask
+
+    v = a.cfg.vocab_size
+    return jax.jit(token_mask.mask_logits), (_sds((b, v), jnp.float32), _sds((b, token_mask.words(v)), jnp.uint32))
+
+
 def _build_mover(a: Abstract, pool: str, mover: str, n: int):
     import jax
     import jax.numpy as jnp
@@ -481,6 +493,7 @@ BUILDERS: dict[str, Callable] = {
     "spec_decode": _build_spec_decode,
     "spec_commit": _build_spec_commit,
     "hidden_logits": _build_hidden_logits,
+    "mask_logits": _build_mask_logits,
     "mover": _build_mover,
     "kernel": _build_kernel,
 }

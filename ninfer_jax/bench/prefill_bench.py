@@ -25,7 +25,8 @@ def _say(msg: str) -> None:
     print(f"[bench prefill] {msg}", file=sys.stderr, flush=True)
 
 
-def _program(geometry: dict, max_context: int, chunk: int):
+def _program(geometry: dict, max_context: int, chunk: int, concurrency: int = 1):
+    """A Program of `geometry` with random float32 weights (nothing read from disk), uncalibrated."""
     import jax
     import jax.numpy as jnp
 
@@ -39,7 +40,7 @@ def _program(geometry: dict, max_context: int, chunk: int):
     cfg = parse_config(dict(geometry))
     params, _ = init_params(cfg, seed=0, dtype=np.float32)
     model = Model(cfg, jax.tree.map(jnp.asarray, params), jnp.float32, "random")
-    config = EngineConfig(max_concurrency=1, max_context=max_context, chunk_size=chunk, dtype="float32",
+    config = EngineConfig(max_concurrency=concurrency, max_context=max_context, chunk_size=chunk, dtype="float32",
                           progress=False, context_cache=ContextCacheConfig(host_capacity_bytes=0))
     program = Program(config, model=model)
     program.cost_model = CostRates(1e-4, 1e9, 1e9, 1e10)  # no calibration run: not measured here

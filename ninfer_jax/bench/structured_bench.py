@@ -8,14 +8,18 @@ about a millisecond, so the host's mask work weighs far more here than beside a 
 a bound from below. Then the time to compile (check and build the matcher of) a 50-field schema,
 median of 5.
 
-Flags after `structured`: --rounds N (default 5).
+With `--geometry NAME` (bench/geometries.py, e.g. `small`: Qwen3.5-0.8B's widths, 8 layers, random
+float32 weights, the built-in tokenizer's vocabulary) the same batch runs on a model whose step, like a real
+one's, outweighs the host's mask work.
+
+Flags after `structured`: --rounds N (default 5), --geometry NAME (default: the built-in model).
 """
 from __future__ import annotations
 
 import sys
 import time
 
-from ninfer_jax.bench import int_arg
+from ninfer_jax.bench import int_arg, str_arg
 from ninfer_jax.bench.stats import median
 
 TOKENS = 64
@@ -48,7 +52,23 @@ def run(argv: list[str]) -> dict:
     from ninfer_jax.engine.grammar import StructuredOutput
 
     rounds = int_arg(argv, "rounds", 5)
-    engine = Engine(EngineConfig(max_concurrency=8, max_context=512, chunk_size=64, progress=False), start=False)
+    geometry = str_arg(argv, "geometry", "")
+    if geometry:
+        from ninfer_jax.bench.geometries import GEOMETRIES
+        from ninfer_jax.bench.prefill_bench import _program
+
+        if geometry not in GEOMETRIES:
+            raise SystemExit(f"ninfer bench structured: unknown --geometry {geometry!r}; choose one of {sorted(GEOMETRIES)}")
+        _say(f"building the {geometry} geometry (random float32 weights)")
+        from ninfer_jax.model import builtin
+
+        # The built-in tokenizer reads this model's output: its vocabulary and EOS ids.
+        own = builtin.config()
+        shape = dict(GEOMETRIES[geometry], vocab_size=own.vocab_size, eos_token_id=list(own.eos_token_id))
+        program = _program(shape, 512, 64, concurrency=8)
+        engine = Engine(program.config, program=program, start=False)
+    else:
+        engine = Engine(EngineConfig(max_concurrency=8, max_context=512, chunk_size=64, progress=False), start=False)
     tok = engine.tokenizer
     prompts = [tok.encode(f"Describe the weather in city number {i}.") for i in range(8)]
     free = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
@@ -84,7 +104,7 @@ def run(argv: list[str]) -> dict:
         engine.core.grammars.matcher(schema)
         compile_s.append(time.perf_counter() - start)
     engine.close()
-    out = {"rounds": rounds, "batch": 8, "tokens_per_request": TOKENS,
+    out = {"model": geometry or "builtin", "rounds": rounds, "batch": 8, "tokens_per_request": TOKENS,
            "decode_tokens_per_s_half_constrained": with_grammar, "decode_tokens_per_s_unconstrained": without,
            "ratio_half_constrained_over_unconstrained": with_grammar / without,
            "compile_50_field_schema_s": median(compile_s)}

@@ -73,8 +73,10 @@ class ProgramContract(Protocol):
     def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int) -> np.ndarray:
         """One prefill chunk from frontier `start`; logits `[V]` of its last token."""
 
-    def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
-        """One decode step for each row; logits `[len(rows), V]`."""
+    def decode(self, rows: Sequence[DecodeRow], masks=None) -> np.ndarray:
+        """One decode step for each row; logits `[len(rows), V]`. `masks`: None, or called once
+        the step is under way for the rows' token bitmasks (model/token_mask.py), which the
+        logits come back held to (structured output)."""
 
     def hidden_logits(self, slot: int, last_token: int = 0, position: int = 0) -> np.ndarray:
         """Logits `[V]` from a StateImage's continuation hidden (an exact hit's first token)."""

@@ -9,7 +9,9 @@ The compute time the engine reports is the Program's own (`_compute`).
 
 A row held to a grammar (structured output) needs its token mask before it is sampled; the masks
 of a decode step's rows are computed on a worker thread while the step runs (llguidance and the
-device wait both release the GIL), so constrained rows add little to the step's wall time.
+device wait both release the GIL) and applied to the logits on the device, batched, by the
+compiled mask step (model/token_mask.py), so constrained rows add little to the step's wall time
+and a greedy one is chosen by the batch's argmax like a free row.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 import ninfer_jax.engine.sampling as sampling
 from ninfer_jax.engine.request import DECODE, Request
 from ninfer_jax.engine.types import TokenDelta
+from ninfer_jax.model import token_mask
 from ninfer_jax.program.program import DecodeRow
 
 
@@ -34,20 +37,35 @@ def _mask_worker() -> concurrent.futures.ThreadPoolExecutor:
     return _MASKS
 
 
-def _masks_during_step(rows: list[Request]):
-    """Start the next-token masks of the rows held to a grammar (None: no such row); `_take_masks`
-    gives each to its row once the step has run. Nothing else reads a matcher meanwhile."""
-    held = [r for r in rows if r.matcher is not None and not r.sampling.forced_output]
+def _masks_during_step(rows: list[Request], unpacked: bool):
+    """Start the next-token masks of the rows held to a grammar (None: no such row): their
+    bitmasks (`Matcher.bitmask`), or `[V]` bool when `unpacked` (the host path of a Verify unit).
+    Nothing else reads a matcher meanwhile."""
+    held = [i for i, r in enumerate(rows) if r.matcher is not None and not r.sampling.forced_output]
     if not held:
         return None
-    return held, _mask_worker().submit(lambda: [r.matcher.allowed() for r in held])
+    return held, _mask_worker().submit(
+        lambda: [rows[i].matcher.allowed() if unpacked else rows[i].matcher.bitmask() for i in held])
 
 
-def _take_masks(pending) -> None:
+def _step_masks(n: int, pending):
+    """The decode step's `masks`: the `n` rows' bitmasks once the worker has them (a free row's all ones)."""
+    held, future = pending
+
+    def masks() -> np.ndarray:
+        done = future.result()
+        bits = np.full((n, len(done[0])), token_mask.ALL)
+        for i, b in zip(held, done):
+            bits[i] = b
+        return bits
+    return masks
+
+
+def _take_masks(rows: list[Request], pending) -> None:
     if pending is not None:
         held, future = pending
-        for r, mask in zip(held, future.result()):
-            r.next_allowed = mask
+        for i, mask in zip(held, future.result()):
+            rows[i].next_allowed = mask
 
 
 def _allowed(req: Request):
@@ -78,13 +96,17 @@ class Execution:
             return
         # The rows' page lists are passed as they are (read during the call, never kept): a
         # 45k-token context holds ~700 pages, copied for nothing every cycle otherwise.
-        masks = _masks_during_step(rows)
-        logits = self._compute(self.program.decode, [
-            DecodeRow(r.output[-1], r.fed, r.pages, r.slot,
-                      rope=r.media.decode_rope(r.fed) if r.media is not None else None) for r in rows])
-        _take_masks(masks)
+        step = [DecodeRow(r.output[-1], r.fed, r.pages, r.slot,
+                          rope=r.media.decode_rope(r.fed) if r.media is not None else None) for r in rows]
+        # Rows held to a grammar: their masks are computed while the step runs and applied to the
+        # logits in the compiled mask step, so a greedy one joins the batch's argmax.
+        masks = _masks_during_step(rows, unpacked=False)
+        if masks is None:
+            logits = self._compute(self.program.decode, step)
+        else:
+            logits = self._compute(self.program.decode, step, masks=_step_masks(len(rows), masks))
         self.counters["decode_steps"] += 1
-        plain = [sampling.plain_greedy(r.sampling) for r in rows]
+        plain = [sampling.plain_greedy(r.sampling, masked=True) for r in rows]
         picks = sampling.greedy_rows(logits[:len(rows)]) if any(plain) else None  # one argmax for the batch
         now = self.program.clock()  # one step's tokens all appear at once
         for i, r in enumerate(rows):
@@ -94,7 +116,7 @@ class Execution:
             if plain[i]:  # chosen by the batch's argmax; its logits are not read again
                 self._sample(r, None, picks[i], now)
             else:
-                self._sample(r, logits[i], None, now)
+                self._sample(r, logits[i], None, now, masked=True)
 
     def _run_verify(self, rows: list[Request]) -> None:
         """Speculative decode (issue 17): each row's Verify unit scores its token and its drafts
@@ -108,13 +130,13 @@ class Execution:
         reuse and pauses. The state is committed at the last token fed (CKP-2/3); a rejected
         position leaves nothing that is ever read."""
         wanted = [self._drafts(r) for r in rows]
-        masks = _masks_during_step(rows)  # the first position's; the next follow each choice
+        masks = _masks_during_step(rows, unpacked=True)  # the first position's; the next follow each choice
         logits, drafts = self._compute(self.program.spec_decode,
                                        [DecodeRow(r.output[-1], r.fed, r.pages, r.slot, r.mtp_pages,
                                                   r.media.decode_rope(r.fed) if r.media is not None else None)
                                         for r in rows],
                                        wanted)
-        _take_masks(masks)
+        _take_masks(rows, masks)
         self.counters["decode_steps"] += 1
         now = self.program.clock()
         keep, ends = [], []
@@ -240,19 +262,23 @@ class Execution:
             if save.frontier == req.fed:
                 self.reuse.capture(self.reuse.view_of(req), save)
 
-    def _sample(self, req: Request, logits, token: int | None = None, now: float | None = None) -> None:
+    def _sample(self, req: Request, logits, token: int | None = None, now: float | None = None,
+                masked: bool = False) -> None:
         """Commit the row's next token: `token` when the batch already chose it (plain greedy
-        rows share one argmax), else drawn from `logits` here. `now`: the batch's clock."""
+        rows share one argmax), else drawn from `logits` here. `now`: the batch's clock;
+        `masked`: the logits are held to the row's grammar already (a decode step's mask step)."""
         lp = None
         sp = req.sampling
         output = req.output
         if sp.forced_output:  # replay of a recorded output: the same decode path, no draw
             token = sp.forced_output[len(output)]
             lp = sampling.logprob_of(logits, sp, token, req.prompt, output) if sp.logprobs else None
-        elif token is None:
-            position = len(req.prompt) + len(output)
-            token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output,
-                                        sampling.held_ids(req.stop_ids, sp, output), _allowed(req))
+        else:
+            if token is None:
+                position = len(req.prompt) + len(output)
+                token, lp = sampling.sample(logits, sp, req.seed, position, req.prompt, output,
+                                            sampling.held_ids(req.stop_ids, sp, output),
+                                            None if masked else _allowed(req), grammar=masked)
             if req.matcher is not None:
                 req.matcher.consume(token)
         reason = self._emit(req, token, lp, now)

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ninfer_jax.errors import RequestError
+from ninfer_jax.model import token_mask
 
 KINDS = ("json_object", "json_schema", "regex", "choice", "lark", "tool_calls")
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -144,10 +145,14 @@ class Matcher:
         self._m = matcher
         self._vocab = vocab_size
 
+    def bitmask(self) -> np.ndarray:
+        """The tokens the grammar allows next (EOS only once it is complete) as the model's
+        `token_mask.words(V)` uint32 words: what the compiled mask step applies."""
+        return token_mask.fit(np.frombuffer(self._m.compute_bitmask(), "<u4"), self._vocab)
+
     def allowed(self) -> np.ndarray:
-        """`[V]` bool: the tokens the grammar allows next (EOS only once it is complete)."""
-        bits = np.frombuffer(self._m.compute_bitmask(), np.uint8)
-        return np.unpackbits(bits, bitorder="little")[:self._vocab].astype(bool)
+        """`[V]` bool: `bitmask` unpacked on the host."""
+        return token_mask.allowed(self.bitmask(), self._vocab)
 
     def consume(self, token: int) -> None:
         if not self._m.consume_token(int(token)):

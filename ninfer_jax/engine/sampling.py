@@ -21,12 +21,13 @@ def uniform(seed: int, position: int, purpose: int = PURPOSE_SAMPLE) -> float:
     return float(np.random.default_rng((seed, position, purpose)).random())
 
 
-def plain_greedy(sp: SamplingParams) -> bool:
+def plain_greedy(sp: SamplingParams, masked: bool = False) -> bool:
     """Greedy with nothing that reshapes or reports the distribution: the token is the argmax of
-    the raw logits, so a batch of such rows is chosen by one argmax (`greedy_rows`)."""
+    the raw logits, so a batch of such rows is chosen by one argmax (`greedy_rows`). `masked`: the
+    logits are held to the row's grammar already, so a structured output is no reshaping."""
     return (sp.greedy and not sp.logprobs and sp.repetition_penalty == 1.0 and not sp.presence_penalty
             and not sp.frequency_penalty and not sp.forced_output and not sp.min_tokens
-            and sp.structured_output is None)
+            and (masked or sp.structured_output is None))
 
 
 def held_ids(stop_ids, sp: SamplingParams, output: Sequence[int]):
@@ -42,7 +43,7 @@ def greedy_rows(logits: np.ndarray) -> list[int]:
 
 
 def _penalised(logits: np.ndarray, sp: SamplingParams, prompt: Sequence[int], output: Sequence[int],
-               held=(), allowed: np.ndarray | None = None) -> np.ndarray:
+               held=(), allowed: np.ndarray | None = None, grammar: bool = False) -> np.ndarray:
     x = logits.astype(np.float64, copy=True)
     if allowed is not None:  # structured output: what the grammar does not allow next
         x[~allowed] = -np.inf
@@ -50,7 +51,7 @@ def _penalised(logits: np.ndarray, sp: SamplingParams, prompt: Sequence[int], ou
         ids = np.fromiter(held, dtype=np.int64)
         kept = x[ids]
         x[ids] = -np.inf
-        if allowed is not None and not np.isfinite(x).any():
+        if (grammar or allowed is not None) and not np.isfinite(x).any():
             x[ids] = kept  # the grammar allows nothing but a stop: it is complete, and ends here
     if sp.repetition_penalty != 1.0:
         seen = np.fromiter(set(prompt) | set(output), dtype=np.int64)
@@ -93,15 +94,16 @@ def logprob_of(logits: np.ndarray, sp: SamplingParams, token: int, prompt: Seque
 
 def sample(logits: np.ndarray, sp: SamplingParams, seed: int, position: int,
            prompt: Sequence[int], output: Sequence[int], held=(),
-           allowed: np.ndarray | None = None) -> tuple[int, TokenLogprob | None]:
+           allowed: np.ndarray | None = None, grammar: bool = False) -> tuple[int, TokenLogprob | None]:
     """Choose the token at `position` from `logits` `[V]`; also its logprob entry when asked.
     `held`: ids that may not be drawn here (`held_ids`: min_tokens); `allowed`: `[V]` bool, the
-    tokens a structured output's grammar allows here (None: all).
+    tokens a structured output's grammar allows here (None: all); `grammar`: the logits are held
+    to the row's grammar already (its masked ids at -inf: the compiled mask step).
 
     Logprobs are those of the penalised distribution (masked ids at -inf) before temperature and
     truncation.
     """
-    x = _penalised(logits, sp, prompt, output, held, allowed)
+    x = _penalised(logits, sp, prompt, output, held, allowed, grammar)
     if sp.greedy:
         token = int(np.argmax(x))
     else:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from ninfer_jax.compile_cache import compile_counted
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model import token_mask
 from ninfer_jax.model import spec_steps
 from ninfer_jax.model.model import Model
 from ninfer_jax.model.mtp_steps import MTPSteps
@@ -96,6 +97,9 @@ class Compilation:
     from_cache: bool = False  # read back from JAX's persistent compilation cache, not compiled
 
 
+_MASK = jax.jit(token_mask.mask_logits)
+
+
 class CompiledSteps:
     """The jitted steps of one model, compiled once per shape bucket with the pools donated.
 
@@ -130,18 +134,35 @@ class CompiledSteps:
         bucket = (kind,) + tuple(a.shape for a in jax.tree.leaves(args[3:])) + tuple(sorted(static.items()))
         exe = self._executables.get(bucket)
         if exe is None:
-            start = time.perf_counter()
-            exe, from_cache = compile_counted(fn.lower(*args, **static))
-            seconds = time.perf_counter() - start
+            # the per-call array shapes; pools and per-position states are not shown
+            shown = tuple(a.shape for a in args[3:] if hasattr(a, "shape")) + tuple(sorted(static.items()))
+            exe = self._compile(bucket, kind, shown, lambda: fn.lower(*args, **static))
             if self._compiled_pools is None:
                 self._compiled_pools = _pool_signature(args[1], args[2])
-            self.compilations.append(Compilation(bucket, seconds, from_cache))
-            self._executables[bucket] = exe
-            if self.progress:  # the per-call array shapes; pools and per-position states are not shown
-                shown = tuple(a.shape for a in args[3:] if hasattr(a, "shape")) + tuple(sorted(static.items()))
-                how = "read from the compilation cache" if from_cache else "compiled"
-                print(f"[ninfer] {how}: {kind} bucket {shown} in {seconds:.1f}s", file=sys.stderr)
         return exe
+
+    def _compile(self, bucket: tuple, kind: str, shown: tuple, lower):
+        """Compile `lower()` once for `bucket` (or read it from the persistent cache), recorded in
+        `compilations` and announced."""
+        start = time.perf_counter()
+        exe, from_cache = compile_counted(lower())
+        seconds = time.perf_counter() - start
+        self.compilations.append(Compilation(bucket, seconds, from_cache))
+        self._executables[bucket] = exe
+        if self.progress:
+            how = "read from the compilation cache" if from_cache else "compiled"
+            print(f"[ninfer] {how}: {kind} bucket {shown} in {seconds:.1f}s", file=sys.stderr)
+        return exe
+
+    def mask_logits(self, logits, bits):
+        """A decode step's logits `[B, V]` held to the rows' token bitmasks `[B, words]` uint32
+        (`token_mask.mask_logits`; structured output): one small executable per bucket, run on the
+        device after the step, so the mask computed on the host meanwhile is applied batched."""
+        bucket = ("mask_logits", tuple(logits.shape), tuple(bits.shape))
+        exe = self._executables.get(bucket)
+        if exe is None:
+            exe = self._compile(bucket, "mask_logits", bucket[1:], lambda: _MASK.lower(logits, bits))
+        return exe(logits, bits)
 
     def _run(self, kind: str, fn, args: tuple, static: dict, check):
         exe = self._executable(kind, fn, args, static)  # a new bucket traces: the checks run there

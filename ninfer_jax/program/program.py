@@ -31,6 +31,7 @@ from ninfer_jax.model.mtp_steps import init_mtp_pool
 from ninfer_jax.model.spec_steps import MTP_POOL
 from ninfer_jax.model.compiled import CompiledSteps
 from ninfer_jax.model.pools import PAGE_SIZE, init_pools
+from ninfer_jax.model import token_mask
 from ninfer_jax.plan import Capacity, CapacityPlan, plan_capacity
 from ninfer_jax.plan.workspace import DECODE_BUCKETS, decode_buckets  # noqa: F401 (defined with the plan)
 from ninfer_jax.program import calibrate
@@ -230,8 +231,11 @@ class Program:
         mtp_rope[:, :n] = np.arange(start - 1, start - 1 + n, dtype=np.int32)
         return ChunkMedia(self._no_media, np.zeros(self.chunk_size, bool), rope, mtp_rope)
 
-    def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
-        """One decode step for each row; logits `[len(rows), V]`."""
+    def decode(self, rows: Sequence[DecodeRow], masks=None) -> np.ndarray:
+        """One decode step for each row; logits `[len(rows), V]`. `masks` (structured output):
+        called once the step is dispatched, so the host work it does overlaps the step; it returns
+        the rows' token bitmasks `[len(rows), token_mask.words(V)]` uint32 (a free row's all
+        ones), which the compiled mask step applies to the logits before they leave the device."""
         n = len(rows)
         args = self._rows(rows)
         media = None
@@ -240,7 +244,15 @@ class Program:
             for i, r in enumerate(rows):
                 if r.rope is not None:
                     media[i] = r.rope
-        return self._step("decode", *args, media=media)[:n]
+        if masks is None:
+            return self._step("decode", *args, media=media)[:n]
+        t0 = self.clock()
+        logits = self._run("decode", *args, media=media)
+        bits = np.full((len(args[0]), token_mask.words(self.vocab_size)), token_mask.ALL)
+        bits[:n] = masks()
+        logits = np.asarray(self.steps.mask_logits(logits, bits))
+        self.step_seconds += self.clock() - t0
+        return logits[:n]
 
     def encode_media(self, pixels, grid) -> "jax.Array":
         """The vision tower's tokens `[tokens, hidden]` of one image or video (its own tower
@@ -348,8 +360,11 @@ class Program:
                 self.spec_decode([DecodeRow(0, 0, (), -1)] * b, [0] * b)
                 self.spec_commit([0] * b)
                 continue
-            self._run("decode", jnp.zeros(b, jnp.int32), jnp.zeros(b, jnp.int32), jnp.zeros((b, p), jnp.int32),
-                      jnp.full(b, -1, jnp.int32), media=np.zeros(b, np.int32) if self.takes_media else None)
+            logits = self._run("decode", jnp.zeros(b, jnp.int32), jnp.zeros(b, jnp.int32),
+                               jnp.zeros((b, p), jnp.int32), jnp.full(b, -1, jnp.int32),
+                               media=np.zeros(b, np.int32) if self.takes_media else None)
+            # structured output's mask step of this bucket (`decode(..., masks=)`)
+            self.steps.mask_logits(logits, np.full((b, token_mask.words(self.vocab_size)), token_mask.ALL))
         self.hidden_logits(0)
         # The stores' byte movers (captures, copy-on-write, offload and read-back) compile per
         # power-of-two index bucket too: every bucket up to each pool's size, compiled without

@@ -21,6 +21,7 @@ from ninfer_jax.config import EngineConfig
 from ninfer_jax.errors import ConfigError
 from ninfer_jax.model import builtin
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model import token_mask
 from ninfer_jax.plan import Capacity, CapacityPlan, decode_buckets, plan_capacity
 from ninfer_jax.program import calibrate
 from ninfer_jax.program.program import DecodeRow
@@ -290,7 +291,10 @@ class SimProgram:
         self.sim_seconds += self.cost.prefill_fixed + self.cost.prefill_per_token * self.chunk_size
         return self._logits(tokens[-1], start + len(tokens) - 1)
 
-    def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
+    def decode(self, rows: Sequence[DecodeRow], masks=None) -> np.ndarray:
         bucket = next(b for b in self.decode_buckets if b >= len(rows))
         self.sim_seconds += self.cost.decode_fixed + self.cost.decode_per_row * bucket
-        return self._block([self._pick(r.token, r.position) for r in rows])
+        out = self._block([self._pick(r.token, r.position) for r in rows])
+        if masks is not None:  # the rows' token bitmasks, applied as the compiled mask step does
+            out = np.where(token_mask.allowed(masks(), out.shape[-1]), out, -np.inf).astype(out.dtype)
+        return out
