@@ -27,7 +27,7 @@ from typing import Sequence
 from ninfer_jax.config import EngineConfig
 from ninfer_jax.engine.core import EngineCore
 from ninfer_jax.engine.failure import end_pending, fail_all
-from ninfer_jax.engine.grammar import Grammars
+from ninfer_jax.engine.grammar import Grammars, tool_call_form_of
 # Request-side rules shared with the CLI's preflight (engine/preflight.py), which applies them
 # before any weight is loaded; the engine applies them again at submission.
 from ninfer_jax.engine.intake import chat_frontend, load_tokenizer, message, prompt_ids
@@ -88,7 +88,8 @@ class Engine:
         grammars = None
         if self.tokenizer is not None:  # structured output compiles against the model's vocabulary
             grammars = Grammars(self.tokenizer.backend.to_str(), program.vocab_size, program.eos_token_ids,
-                                {t.content: t.id for t in self.tokenizer.added_tokens})
+                                {t.content: t.id for t in self.tokenizer.added_tokens},
+                                tool_call_form_of(self.tokenizer.chat_template))
         self.core = EngineCore(program, self.tokenizer_decode if self.tokenizer else None,
                                max_queue=self.config.max_queue,
                                pieces=self.tokenizer.byte_pieces() if self.tokenizer else None, grammars=grammars)

@@ -72,13 +72,15 @@ class StructuredOutput:
         elif spec is not None:
             raise RequestError(f"{_FIELD}.spec: json_object takes no spec")
 
-    def grammar(self, added: Mapping[str, int] | None = None) -> str:
+    def grammar(self, added: Mapping[str, int] | None = None, tool_call_form: str = "json") -> str:
         """The llguidance grammar text. `added`: the tokenizer's added tokens by text (a tool
-        call's markers are matched as those tokens where the tokenizer has them)."""
+        call's markers are matched as those tokens where the tokenizer has them);
+        `tool_call_form`: how the model's template writes a call (`tool_call_form_of`)."""
         import llguidance as llg
 
         if self.kind == "tool_calls":
-            return llg.LLMatcher.grammar_from_lark(_tool_calls_lark(json.loads(self.spec), added or {}))
+            lark = (_xml_tool_calls_lark if tool_call_form == "xml" else _tool_calls_lark)
+            return llg.LLMatcher.grammar_from_lark(lark(json.loads(self.spec), added or {}))
         if self.kind == "json_object":
             return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_LAYOUT)
         if self.kind == "json_schema":
@@ -138,6 +140,59 @@ def _tool_calls_lark(spec: dict, added: Mapping[str, int]) -> str:
     return "\n".join([start, f"call: {call}", *rules])
 
 
+def tool_call_form_of(chat_template: str | None) -> str:
+    """"xml" for a template that writes calls as `<function=NAME>` / `<parameter=KEY>` blocks
+    (Qwen3.5, Qwen3-Coder), else "json" (Hermes / Qwen3: `{"name": ..., "arguments": ...}`)."""
+    return "xml" if chat_template and "<function=" in chat_template and "<parameter=" in chat_template else "json"
+
+
+_PARAM_CLOSE = "\n</parameter>\n"
+
+
+def _xml_value(schema: dict, name: str) -> tuple[str, str]:
+    r"""(rule body, extra rule) of one XML parameter's value and its close (`\n</parameter>\n`).
+    A string is free text without `<`, one regular expression with the close (a separate close
+    after it would be eaten by the text's own newlines); a number or boolean is spelt as JSON
+    spells it; anything else is JSON held to its schema: what the output parser reads back."""
+    close = json.dumps(_PARAM_CLOSE)
+    kind = schema.get("type")
+    if kind == "string" and not ({"enum", "const", "pattern", "format"} & set(schema)):
+        return r"/[^<]+\n<\/parameter>\n/", ""
+    if kind == "integer" and set(schema) <= {"type", "description", "title"}:
+        return f"/-?(0|[1-9][0-9]*)/ {close}", ""
+    if kind == "boolean":
+        return f'("true" | "false") {close}', ""
+    schema = dict(schema, **{"x-guidance": {**JSON_LAYOUT, **schema.get("x-guidance", {})}})
+    return f"{name} {close}", f"{name}: %json {json.dumps(schema)}"
+
+
+def _xml_tool_calls_lark(spec: dict, added: Mapping[str, int]) -> str:
+    r"""Lark for the XML form: `<tool_call>\n<function=NAME>\n`, then each of the tool's
+    parameters in its schema's order (`<parameter=KEY>\nVALUE\n</parameter>\n`; the required
+    ones always, the others optional), then `</function>\n</tool_call>`; calls a newline apart."""
+    def marker(text: str) -> str:
+        return f"<[{added[text]}]>" if text in added else json.dumps(text)
+
+    names = [spec["name"]] if spec["name"] is not None else sorted(spec["tools"])
+    rules = []
+    for i, name in enumerate(names):
+        schema = spec["tools"][name]
+        required = set(schema.get("required", ()))
+        parts = []
+        for k, (key, sub) in enumerate((schema.get("properties") or {}).items()):
+            body, extra = _xml_value(sub if isinstance(sub, dict) else {}, f"value{i}_{k}")
+            if extra:
+                rules.append(extra)
+            part = f"{json.dumps(f'<parameter={key}>' + chr(10))} {body}"
+            parts.append(part if key in required else f"({part})?")
+        head = json.dumps(f"\n<function={name}>\n")
+        rules.append(f"call{i}: {marker(TOOL_CALL_OPEN)} {head} {' '.join(parts)} "
+                     + json.dumps("</function>\n") + f" {marker(TOOL_CALL_CLOSE)}")
+    call = " | ".join(f"call{i}" for i in range(len(names)))
+    start = "start: call" if spec["name"] is not None else 'start: call ("\\n" call)*'
+    return "\n".join([start, f"call: {call}", *rules])
+
+
 class Matcher:
     """One request's walk through its grammar (an llguidance LLMatcher)."""
 
@@ -172,11 +227,12 @@ class Grammars:
     past the tokenizer's), built on first use."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: Sequence[int],
-                 added: Mapping[str, int] | None = None):
+                 added: Mapping[str, int] | None = None, tool_call_form: str = "json"):
         self._json = tokenizer_json
         self.vocab_size = vocab_size
         self._eos = list(eos_token_ids)
         self._added = dict(added or {})  # the tokenizer's added tokens by text
+        self.tool_call_form = tool_call_form  # how the model's chat template writes a tool call
         self._tokenizer = None
 
     @property
@@ -191,7 +247,7 @@ class Grammars:
         """A fresh matcher of `spec`; RequestError naming the field when it does not compile."""
         import llguidance as llg
 
-        m = llg.LLMatcher(self.tokenizer, spec.grammar(self._added), log_level=0)  # compiles once
+        m = llg.LLMatcher(self.tokenizer, spec.grammar(self._added, self.tool_call_form), log_level=0)  # compiles once
         if m.is_error():  # the constructor never raises: a grammar that does not compile is an error state
             raise RequestError(f"{_FIELD}: the {spec.kind} does not compile: {m.get_error().splitlines()[0]}")
         return Matcher(m, self.vocab_size)

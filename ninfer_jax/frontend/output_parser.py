@@ -2,7 +2,8 @@
 
 Reads the Qwen3 / Hermes conventions the built-in template writes: an optional
 `<think>…</think>` block, then content, then `<tool_call>{"name": …, "arguments": {…}}</tool_call>`
-blocks. A block that is not a valid call stays in the content (the model's text is never lost).
+blocks, or those blocks in the XML form of Qwen3.5's and Qwen3-Coder's templates
+(`<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`). A block that is not a valid call stays in the content (the model's text is never lost).
 The structured result is what a client sends back next turn, and the template renders it in its
 normalised form, which is why the next prompt may stop matching E (SCN-1).
 
@@ -40,7 +41,13 @@ class ParsedOutput:
         return msg
 
 
+_XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*)</function>", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
 def _call(body: str) -> dict | None:
+    if body.startswith("<function="):
+        return _xml_call(body)
     try:
         data = json.loads(body)
     except json.JSONDecodeError:
@@ -56,6 +63,42 @@ def _call(body: str) -> dict | None:
     if not isinstance(args, dict):
         return None
     return {"type": "function", "function": {"name": data["name"], "arguments": args}}
+
+
+def _xml_call(body: str) -> dict | None:
+    """The XML form of Qwen3.5's and Qwen3-Coder's templates: `<function=NAME>` then
+    `<parameter=KEY>\nVALUE\n</parameter>` blocks; nothing else but whitespace between them."""
+    match = _XML_FUNCTION.fullmatch(body)
+    if match is None or not match.group(1).strip():
+        return None
+    args: dict = {}
+    rest, pos = match.group(2), 0
+    for p in _XML_PARAMETER.finditer(rest):
+        if rest[pos:p.start()].strip():
+            return None
+        args[p.group(1).strip()] = _xml_value(p.group(2))
+        pos = p.end()
+    if rest[pos:].strip():
+        return None
+    return {"type": "function", "function": {"name": match.group(1).strip(), "arguments": args}}
+
+
+def _xml_value(text: str):
+    """A parameter's value: the JSON value it spells where the template renders that value back
+    to the same text (objects and arrays as `tojson`, numbers as `string`), else the text itself.
+    So `5` is 5 and `{"a": 1}` an object, but `true` stays "true" (the template would write
+    `True`), and the next turn renders exactly what was generated."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return text
+    if isinstance(value, (dict, list)):
+        back = json.dumps(value, ensure_ascii=False)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        back = str(value)
+    else:
+        return text
+    return value if back == text else text
 
 
 def parse_assistant_output(text: str, *, call_id_prefix: str = "call_", reasoning: bool = True,
@@ -77,7 +120,10 @@ def parse_assistant_output(text: str, *, call_id_prefix: str = "call_", reasonin
         if call is None:
             kept.append(text[last:match.end()])
         else:  # the newline the template writes before each call is the call's, not content
-            kept.append(_cut(text[last:match.start()], "\n"))
+            before = text[last:match.start()]
+            if not calls and match.group(1).startswith("<function=") and before.endswith("\n\n"):
+                before = before[:-1]  # the XML form's templates write two before the first call
+            kept.append(_cut(before, "\n"))
             call["id"] = f"{call_id_prefix}{len(calls)}"
             calls.append(call)
         last = match.end()
@@ -166,7 +212,7 @@ class OutputStream:
         safe = full[:max(start, len(full) - _held_tail(full))]
         opened = safe.rfind("<tool_call>", start) if self._tools else -1
         if opened >= 0 and "</tool_call>" not in safe[opened:]:
-            safe = _cut(safe[:opened], "\n")  # held with the block: the call's separator if it is one
+            safe = safe[:opened].rstrip("\n")  # held with the block: the call's separator if it is one
         return self._deltas(self._parse(safe))
 
     def finish(self) -> tuple[str, str, tuple[dict, ...]]:
