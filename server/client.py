@@ -50,6 +50,7 @@ class Result:
     logprobs: list = dataclasses.field(default_factory=list)
     message: dict | None = None  # chat: the parsed assistant message
     first_token_s: float | None = None
+    prompt_logprobs: list | None = None  # asked for: None (the first prompt token) then one entry per token
 
 
 # --- Python values -> protobuf -------------------------------------------------------------------
@@ -228,8 +229,9 @@ def collect(stream: Iterable, *, clock=None) -> Result:
     message = None
     if isinstance(final, pb.ChatResponse) and final.HasField("message"):
         message = assistant_message(final.message)
+    prompt_lps = [None, *final.prompt_logprobs] if final.prompt_logprobs else None
     return Result(rid, ids, "".join(text), FINISH_NAMES[final.finish_reason], usage_dict(final.usage),
-                  logprobs, message, first)
+                  logprobs, message, first, prompt_lps)
 
 
 class NInferClient:

@@ -18,7 +18,7 @@ from server.proto import ninfer_pb2 as pb
 
 _OPTIONAL_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                       "frequency_penalty", "seed", "max_tokens", "ignore_eos", "logprobs", "min_tokens",
-                      "include_stop_str_in_output")
+                      "include_stop_str_in_output", "prompt_logprobs")
 FINISH_REASON = {
     "stop": pb.FINISH_REASON_STOP,
     "length": pb.FINISH_REASON_LENGTH,
@@ -174,7 +174,8 @@ def chat_from_proto(req: pb.ChatRequest, limits: ServerLimits) -> dict:
 # --- responses -----------------------------------------------------------------------------------
 def logprobs_to_proto(items: Iterable[TokenLogprob]) -> list[pb.TokenLogprob]:
     return [pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
-                            top=[pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
+                            top=[pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top],
+                            **({"rank": lp.rank} if lp.rank is not None else {}))
             for lp in items]
 
 
@@ -185,9 +186,12 @@ def delta_fields(request_id: str, delta: TokenDelta) -> dict:
 
 def final_fields(done: Completion) -> dict:
     u = done.usage
-    return {"request_id": done.request_id, "finish_reason": FINISH_REASON[done.finish_reason],
-            "usage": pb.Usage(prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
-                              completion_tokens=u.completion_tokens)}
+    out = {"request_id": done.request_id, "finish_reason": FINISH_REASON[done.finish_reason],
+           "usage": pb.Usage(prompt_tokens=u.prompt_tokens, cached_tokens=u.cached_tokens,
+                             completion_tokens=u.completion_tokens)}
+    if done.prompt_logprobs is not None:  # the first prompt token has no entry (nothing predicts it)
+        out["prompt_logprobs"] = logprobs_to_proto(lp for lp in done.prompt_logprobs if lp is not None)
+    return out
 
 
 def assistant_to_proto(text: str) -> pb.AssistantMessage:

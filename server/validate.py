@@ -108,17 +108,17 @@ SAMPLING_BOUNDS: dict[str, Bound] = {
     "max_tokens": Bound("int", 1, False, None, False, "must be a positive int", INT32_MAX),
     "logprobs": Bound("int", 0, False, 20, False, "must be an int in [0, 20]", INT32_MAX),
     "min_tokens": Bound("int", 0, False, None, False, "must be a non-negative int", INT32_MAX),
+    "prompt_logprobs": Bound("int", 0, False, 20, False, "must be an int in [0, 20]", INT32_MAX),
 }
 DEFAULT_MAX_TOKENS = 128  # SamplingParams.max_tokens' default (the client does not import the engine)
 # SamplingParams fields the protocol does not carry, each with why (refused when set): a replay's
 # forced output (`ninfer trace`, in process).
-UNCARRIED_FIELDS = {"forced_output": "replay only: the protocol does not carry it",
-                    "prompt_logprobs": "not carried by the protocol yet: use the Python API or the HTTP API"}
+UNCARRIED_FIELDS = {"forced_output": "replay only: the protocol does not carry it"}
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "choice", "lark", "tool_calls")  # engine/grammar.py's
 # Every other SamplingParams field, in its order of checks (the bools are not range-checked).
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs",
-                   "min_tokens", "include_stop_str_in_output", "structured_output")
+                   "min_tokens", "include_stop_str_in_output", "structured_output", "prompt_logprobs")
 
 
 def check_structured(value: Any) -> tuple[str, str]:

@@ -103,6 +103,26 @@ def test_logprobs_equal_engine_generate(real):
         [(lp.token_id, lp.logprob, [tuple(t) for t in lp.top]) for lp in want.logprobs]
 
 
+def test_prompt_logprobs_equal_engine_generate(real, settled):
+    """Issue 36: vLLM's prompt_logprobs ride the protocol: every prompt token's entry (its rank
+    included) after the first, on the final message, as the engine gives them."""
+    srv, client, engine = real
+    prompt = list(range(40, 80))  # over two chunks
+    for top in (0, 2):
+        sampling = {"temperature": 0.0, "max_tokens": 3, "prompt_logprobs": top}
+        want = engine.generate(prompt, SamplingParams(**sampling))
+        got = client.generate(prompt, sampling=sampling)
+        assert got.prompt_logprobs[0] is None and len(got.prompt_logprobs) == len(prompt)
+        assert [(lp.token_id, lp.logprob, lp.rank, [(t.token_id, t.logprob) for t in lp.top])
+                for lp in got.prompt_logprobs[1:]] == \
+            [(lp.token_id, lp.logprob, lp.rank, [tuple(t) for t in lp.top]) for lp in want.prompt_logprobs[1:]]
+        assert got.token_ids == list(want.token_ids)
+    chat = client.chat([{"role": "user", "content": "Hi"}], sampling={"max_tokens": 2, "prompt_logprobs": 1})
+    assert len(chat.prompt_logprobs) == chat.usage["prompt_tokens"]
+    assert client.generate(prompt, sampling={"max_tokens": 2}).prompt_logprobs is None  # not asked: not sent
+    settled(srv, engine)
+
+
 def test_long_prompt_over_several_chunks(real, settled):
     srv, client, engine = real
     prompt = [(i * 37) % 1000 + 1 for i in range(100)]  # 4 prefill chunks of 32
