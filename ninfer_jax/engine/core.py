@@ -109,8 +109,8 @@ class EngineCore(UnitPlanning, Execution):
         if bad is not None:
             raise RequestError(f"sampling.forced_output: token id {bad} outside the vocabulary [0, {vocab})")
         if sp.prompt_logprobs is not None and not getattr(self.program, "serves_prompt_logprobs", False):
-            raise RequestError("sampling.prompt_logprobs: not served by this engine (with speculative decoding "
-                               "its prefill keeps the last position's logits only)")
+            raise RequestError("sampling.prompt_logprobs: not served by this engine (its Program gives the "
+                               "last position's logits of a prefill chunk only)")
         matcher = None
         if sp.structured_output is not None and not sp.forced_output:  # compiled here, before queueing
             if self.grammars is None:

@@ -81,7 +81,7 @@ def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = 
           "spec_decode": functools.partial(spec_steps.spec_decode, k=k), "spec_commit": spec_steps.spec_commit,
           "prefill_media": prefill_media, "decode_media": decode_media, "prefill_spec_media": prefill_spec_media,
           "spec_decode_media": functools.partial(spec_decode_media, k=k), "spec_commit_media": spec_commit_media}[kind]
-    static = ("all_logits",) if kind in ("prefill", "prefill_media") else ()
+    static = ("all_logits",) if kind in ("prefill", "prefill_media", "prefill_spec", "prefill_spec_media") else ()
     return jax.jit(functools.partial(fn, cfg=cfg, backend=backend, merger=merger), static_argnames=static,
                    donate_argnums=_DONATED[kind])
 
@@ -236,12 +236,12 @@ class CompiledSteps:
         return self._spec[kind]
 
     def prefill_spec(self, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots, *,
-                     media=None):
+                     media=None, all_logits=False):
         """`media`: (embeds, embed_rows, rope, mtp_rope) of a chunk with media (issue 34), its own
-        executable ("prefill_spec_media")."""
+        executable ("prefill_spec_media"); `all_logits` as `prefill`."""
         args = (self._spec_leaves, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots)
         kind = "prefill_spec" if media is None else "prefill_spec_media"
-        return self._run(kind, self._spec_step(kind), args + tuple(media or ()), {},
+        return self._run(kind, self._spec_step(kind), args + tuple(media or ()), {"all_logits": all_logits},
                          lambda *a: check_prefill_args(a[0], a[1], a[3], a[4], a[5], a[6], a[8], a[-1]))
 
     def spec_decode(self, kv, state, mtp, tokens, positions, page_table, mtp_table, slots, wanted, *, delta=None):

@@ -38,10 +38,11 @@ MTP_POOL = "backend_kv:mtp"  # the ledger pool id of the MTP layers' K/V (RES-1 
 
 def prefill_spec(params, kv, state, mtp, tokens, start_pos, lengths, page_table, mtp_table, slots, *,
                  cfg: ModelConfig, merger, backend: str = "xla", embeds=None, embed_rows=None, rope=None,
-                 mtp_rope=None):
+                 mtp_rope=None, all_logits: bool = False):
     """`prefill_chunk`'s arguments plus the MTP pool and table; also writes the chunk's MTP K/V
     (slots start..end-1). A row starting at 0 writes slot 0 from a zero hidden: slot 0 is never
-    read (SLOT_SHIFT). Returns (logits, hidden, kv, state, mtp).
+    read (SLOT_SHIFT). Returns (logits, hidden, kv, state, mtp); `all_logits`: every position's
+    logits `[R, T, V]`, as `prefill_chunk` gives them (prompt logprobs).
 
     Media (issue 34, each None for text): `embeds`, `embed_rows`, `rope` as `prefill_chunk`
     takes them; the MTP layers take the same embeddings for their next tokens (the chunk's) and
@@ -51,7 +52,7 @@ def prefill_spec(params, kv, state, mtp, tokens, start_pos, lengths, page_table,
     logits, last, kv, state, final = prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table,
                                                    slots, cfg=cfg, backend=backend, merger=merger, with_final=True,
                                                    write_hidden=False, embeds=embeds, embed_rows=embed_rows,
-                                                   rope=rope)
+                                                   rope=rope, all_logits=all_logits)
     hidden = jnp.concatenate([prev[:, None].astype(final.dtype), final[:, :-1]], axis=1)
     _, mtp = mtp_chunk(lm, mtp, hidden, tokens, start_pos - 1, lengths, mtp_table, cfg, backend, rope=mtp_rope,
                        embeds=embeds, embed_rows=embed_rows)

@@ -157,7 +157,8 @@ class Program:
             extra = None if media is None else (media.embeds[None], media.embed_rows[None], media.rope[:, None],
                                                  media.mtp_rope[:, None])
             logits, _, kv, state, mtp = self.steps.prefill_spec(kv_pool.tree, st_pool.tree, mtp_pool.tree, tokens,
-                                                                start, lengths, table, mtp_table, slots, media=extra)
+                                                                start, lengths, table, mtp_table, slots, media=extra,
+                                                                all_logits=all_logits)
             mtp_pool.replace(mtp)
         elif media is not None:
             if kind == "prefill":
@@ -184,9 +185,9 @@ class Program:
 
     @property
     def serves_prompt_logprobs(self) -> bool:
-        """Whether `prefill(..., all_logits=True)` is served: not with speculative decoding, whose
-        prefill step keeps the last position's logits only."""
-        return not self.speculative_tokens
+        """Whether `prefill(..., all_logits=True)` is served (with speculative decoding too: its
+        prefill step gives every position's logits the same way)."""
+        return True
 
     def prefill(self, tokens: Sequence[int], start: int, pages: Sequence[int], slot: int,
                 mtp_pages: Sequence[int] = (), media=None, all_logits: bool = False) -> np.ndarray:
@@ -207,8 +208,6 @@ class Program:
         # numpy in, no eager jnp conversions: the compiled step takes host arrays directly.
         width = self.prefill_width(start + n)
         extra = (self._tables([mtp_pages], 1, width),) if self.speculative_tokens else ()
-        if all_logits and self.speculative_tokens:
-            raise ValueError("all_logits is not served with speculative decoding")
         logits = self._step("prefill", buf, np.array([start], np.int32), np.array([n], np.int32),
                             self._tables([pages], 1, width), np.array([slot], np.int32), *extra, media=media,
                             all_logits=all_logits)

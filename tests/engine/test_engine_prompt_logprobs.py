@@ -72,18 +72,19 @@ def test_a_pause_in_the_prefill_records_each_position_once(engine, route):
         < 1e-5
 
 
-def test_refused_where_it_cannot_be_served(tiny_model):
-    """A Program with speculative decoding does not serve it (its prefill keeps the last logits
-    only), and an engine over such a Program refuses it at submission."""
-    from ninfer_jax import EngineConfig
-    from ninfer_jax.engine.core import EngineCore
-    from ninfer_jax.program.program import Program
+def test_with_speculative_decoding_they_equal_the_plain_engines(plain_and_spec):
+    """The MTP prefill step gives every position's logits as the plain one does: the same entries,
+    the same output (drafting changes nothing)."""
+    plain, spec = plain_and_spec
+    prompt = PROMPT[:70]
+    for sp in (SamplingParams(max_tokens=6, temperature=0, prompt_logprobs=3),
+               SamplingParams(max_tokens=6, temperature=1.0, seed=5, prompt_logprobs=0, logprobs=1)):
+        a, b = plain.generate(prompt, sp), spec.generate(prompt, sp)
+        assert b.token_ids == a.token_ids and b.prompt_logprobs == a.prompt_logprobs
+        assert len(b.prompt_logprobs) == len(prompt) and b.prompt_logprobs[0] is None
 
-    spec = Program(EngineConfig(max_concurrency=2, max_context=256, chunk_size=32, speculative_tokens=2,
-                                progress=False), model=tiny_model)  # not warmed up: nothing compiles
-    assert not spec.serves_prompt_logprobs
-    with pytest.raises(RequestError, match="sampling.prompt_logprobs: not served"):
-        EngineCore(spec).make_request(PROMPT, SamplingParams(prompt_logprobs=1), None, lambda rid: None)
+
+def test_bad_values_are_refused():
     for bad in (-1, 21, 1.5):
         with pytest.raises(RequestError, match="sampling.prompt_logprobs"):
             SamplingParams(prompt_logprobs=bad)
