@@ -17,8 +17,10 @@ Verify unit cut by a stop): its state is exactly the request's committed output,
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -33,6 +35,7 @@ TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 # own "x-guidance" options override it.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _FIELD = "sampling.structured_output"
+COMPILED_KEPT = 64  # compiled grammars an engine keeps for reuse (least recently used out first)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +237,11 @@ class Grammars:
         self._added = dict(added or {})  # the tokenizer's added tokens by text
         self.tool_call_form = tool_call_form  # how the model's chat template writes a tool call
         self._tokenizer = None
+        # Compiled grammars by spec, never advanced: a request copies one (microseconds) instead
+        # of compiling it again (milliseconds) — n choices, retries, an agent's every turn.
+        self._compiled: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.compiled = 0  # grammars compiled (a copy of a cached one is not counted)
 
     @property
     def tokenizer(self):
@@ -243,11 +251,26 @@ class Grammars:
             self._tokenizer = llg.LLTokenizer(self._json, n_vocab=self.vocab_size, eos_token=self._eos)
         return self._tokenizer
 
+    def clear(self) -> None:
+        """Forget the compiled grammars (the next request of each compiles it again)."""
+        with self._lock:
+            self._compiled.clear()
+
     def matcher(self, spec: StructuredOutput) -> Matcher:
         """A fresh matcher of `spec`; RequestError naming the field when it does not compile."""
         import llguidance as llg
 
+        with self._lock:
+            pristine = self._compiled.get(spec)
+            if pristine is not None:
+                self._compiled.move_to_end(spec)
+                return Matcher(pristine.deep_copy(), self.vocab_size)
         m = llg.LLMatcher(self.tokenizer, spec.grammar(self._added, self.tool_call_form), log_level=0)  # compiles once
         if m.is_error():  # the constructor never raises: a grammar that does not compile is an error state
             raise RequestError(f"{_FIELD}: the {spec.kind} does not compile: {m.get_error().splitlines()[0]}")
-        return Matcher(m, self.vocab_size)
+        with self._lock:
+            self.compiled += 1
+            self._compiled[spec] = m
+            while len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
+        return Matcher(m.deep_copy(), self.vocab_size)

@@ -144,3 +144,25 @@ def test_a_bad_grammar_is_refused_before_it_is_queued(plain_and_spec, so, says):
     with pytest.raises(RequestError, match=f"structured_output.*{says}"):
         plain.submit([1, 2, 3], SamplingParams(structured_output=so()) if callable(so) else so)
     assert plain.stats()["requests_submitted"] == before
+
+
+def test_a_grammar_compiles_once_and_each_request_walks_its_own_copy(cold):
+    """A second request with the same spec copies the compiled grammar (n choices, retries, an
+    agent's turns) instead of compiling it again; the copies advance independently."""
+    engine = cold
+    grammars = engine.core.grammars
+    grammars.clear()
+    before = grammars.compiled
+    so = StructuredOutput("regex", r"[a-z]{3,6} [0-9]{2}")
+    sps = [_sp(so, i) for i in range(4)]
+    handles = [engine.submit([5, 6, 7 + i], sp) for i, sp in enumerate(sps)]
+    run_until_done(engine, handles)
+    assert grammars.compiled == before + 1
+    alone = []
+    for i, sp in enumerate(sps):
+        h = engine.submit([5, 6, 7 + i], sp)
+        run_until_done(engine, [h])
+        alone.append(h.result().token_ids)
+    assert [h.result().token_ids for h in handles] == alone
+    assert all(re.fullmatch(r"[a-z]{3,6} [0-9]{2}", h.result().text) for h in handles)
+    assert grammars.compiled == before + 1
