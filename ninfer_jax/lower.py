@@ -12,10 +12,11 @@ which runs the Pallas -> Triton lowering of every kernel inside (power-of-two bl
 shapes, supported primitives) but not Triton's own compilation, which needs the device.
 
 What is lowered (`plan_lowering`), at the Program's shapes (program.py):
-  step    prefill[t=chunk] (with the xla backend one per page-table width, prefill[t,p]:
-          plan/workspace.prefill_table_widths) and decode[b] for every decode bucket; with an MTP head (and
-          speculative_tokens > 0, default 2) prefill_spec, spec_decode[b,k] and spec_commit[b,k];
-  head    hidden_logits, the head an exact hit samples from;
+  step    prefill[t] for every chunk length (plan/workspace.prefill_chunk_lengths; with the xla backend
+          one per page-table width too, prefill[t,p]: plan/workspace.prefill_table_widths) and decode[b]
+          for every decode bucket; with an MTP head (and speculative_tokens > 0, default 2) prefill_spec,
+          spec_decode[b,k] and spec_commit[b,k];
+  head    hidden_logits, the head an exact hit samples from; mask_logits[b], structured output's mask;
   mover   each pool's byte movers (pack, unpack, copy, hidden) at their smallest and largest
           index bucket (unit_pool.py);
   kernel  each Pallas kernel alone at the model's shapes (paged attention write/prefill/decode,
@@ -60,6 +61,7 @@ class Shapes:
     decode_buckets: tuple[int, ...]
     pages_per_request: int  # the page tables' width
     prefill_widths: tuple[int, ...]  # a prefill chunk's page-table widths (the XLA attention's; Pallas: one)
+    prefill_lengths: tuple[int, ...]  # a prefill chunk's token lengths (chunk_size and its quarters)
     kv_pages: int  # Main KV pages
     state_slots: int  # StateImage slots
     mtp_pages: int  # the MTP pool's pages (0 without speculative steps)
@@ -69,6 +71,7 @@ class Shapes:
         return {"model": self.model, "model_type": self.cfg.model_type, "dtype": self.dtype,
                 "chunk_size": self.chunk_size, "decode_buckets": list(self.decode_buckets),
                 "pages_per_request": self.pages_per_request, "prefill_widths": list(self.prefill_widths),
+                "prefill_lengths": list(self.prefill_lengths),
                 "kv_pages": self.kv_pages,
                 "state_slots": self.state_slots, "mtp_pages": self.mtp_pages,
                 "speculative_tokens": self.speculative_tokens}
@@ -151,6 +154,7 @@ def shapes_for(config, backend: str, speculative_tokens: int | None = None) -> S
     return Shapes(model=config.model, cfg=cfg, dtype=config.resolved_dtype, chunk_size=config.chunk_size,
                   decode_buckets=plan.decode_buckets,
                   pages_per_request=capacity.pages_per_request, prefill_widths=plan.prefill_widths,
+                  prefill_lengths=plan.prefill_lengths,
                   kv_pages=capacity.kv_pages,
                   state_slots=capacity.state_slots, mtp_pages=capacity.mtp_pages,
                   speculative_tokens=speculative_tokens)
@@ -171,10 +175,10 @@ def all_steps(shapes: Shapes) -> list[Step]:
     t, k = shapes.chunk_size, shapes.speculative_tokens
     widths = shapes.prefill_widths
 
-    def prefill(kind: str) -> list[Step]:  # one per page-table width (named when there are several)
-        if len(widths) == 1:
-            return [Step(f"{kind}[t={t}]", "step", kind)]
-        return [Step(f"{kind}[t={t},p={p}]", "step", kind, (("p", p),)) for p in widths]
+    def prefill(kind: str) -> list[Step]:  # one per chunk length and page-table width (named when several)
+        return [Step(f"{kind}[t={n}]" if len(widths) == 1 else f"{kind}[t={n},p={p}]", "step", kind,
+                     (("t", n),) + ((("p", p),) if len(widths) > 1 else ()))
+                for n in shapes.prefill_lengths for p in widths]
 
     out = prefill("prefill")
     out += [Step(f"decode[b={b}]", "step", "decode", (("b", b),)) for b in shapes.decode_buckets]
@@ -332,13 +336,13 @@ def _sds(shape, dtype):
 # The model steps are jitted by compiled.jit_step, as CompiledSteps jits them; the head and movers as
 # Program and UnitPool do.
 
-def _build_prefill(a: Abstract, p: int | None = None):
+def _build_prefill(a: Abstract, p: int | None = None, t: int | None = None):
     from ninfer_jax.model.compiled import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.model, a.pools
     fn = jit_step("prefill", a.cfg, a.backend, merger)
     p = p or s.pages_per_request
-    return fn, (leaves, kv, state, _i32(1, s.chunk_size), _i32(1), _i32(1), _i32(1, p), _i32(1))
+    return fn, (leaves, kv, state, _i32(1, t or s.chunk_size), _i32(1), _i32(1), _i32(1, p), _i32(1))
 
 
 def _build_decode(a: Abstract, b: int):
@@ -349,14 +353,14 @@ def _build_decode(a: Abstract, b: int):
     return fn, (leaves, kv, state, _i32(b), _i32(b), _i32(b, s.pages_per_request), _i32(b))
 
 
-def _build_prefill_spec(a: Abstract, p: int | None = None):
+def _build_prefill_spec(a: Abstract, p: int | None = None, t: int | None = None):
     from ninfer_jax.model.compiled import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
     fn = jit_step("prefill_spec", a.cfg, a.backend, merger)
     p = p or s.pages_per_request
-    return fn, (leaves, kv, state, a.mtp_pool, _i32(1, s.chunk_size), _i32(1), _i32(1), _i32(1, p), _i32(1, p),
-                _i32(1))
+    return fn, (leaves, kv, state, a.mtp_pool, _i32(1, t or s.chunk_size), _i32(1), _i32(1), _i32(1, p),
+                _i32(1, p), _i32(1))
 
 
 def _build_spec_decode(a: Abstract, b: int):

@@ -46,6 +46,11 @@ class ChunkMedia(NamedTuple):
     rope: np.ndarray
     mtp_rope: np.ndarray | None = None
 
+    def cut(self, width: int) -> "ChunkMedia":
+        """The first `width` positions (a shorter chunk program; the chunk's tokens fit in them)."""
+        return ChunkMedia(self.embeds[:width], self.embed_rows[:width], self.rope[:, :width],
+                          None if self.mtp_rope is None else self.mtp_rope[:, :width])
+
 
 class PromptPositions:
     """What a prompt laid out with media says of positions (`source` `[n]`, `next_position`):

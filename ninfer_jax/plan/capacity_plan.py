@@ -31,7 +31,7 @@ from ninfer_jax.plan.budget import Budget, device_budget
 from ninfer_jax.plan.pools import Capacity, backend_pool_bytes, speculative_pools
 from ninfer_jax.plan.split import CacheSplit, default_split, split_cache_bytes
 from ninfer_jax.plan.workspace import (COMPILED_OTHER_BYTES, Workspace, compiled_program_bytes, decode_buckets,
-                                       prefill_table_widths, step_programs, workspace)
+                                       prefill_chunk_lengths, prefill_table_widths, step_programs, workspace)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +96,7 @@ class CapacityPlan:
     cache: CacheSplit | None = None
     decode_buckets: tuple[int, ...] = ()  # the decode steps' row buckets the Program compiles
     prefill_widths: tuple[int, ...] = ()  # the prefill chunk's page-table widths it compiles
+    prefill_lengths: tuple[int, ...] = ()  # the prefill chunk's token lengths it compiles
 
     @property
     def pool_bytes(self) -> int:
@@ -175,7 +176,8 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
                    pages_per_request=per_request, page_bytes=kv_page, state_image_bytes=state_bytes,
                    backend=config.backend)
     widths = prefill_table_widths(per_request, config.chunk_size, config.backend)
-    programs = step_programs(buckets, bool(config.speculative_tokens), len(widths))
+    lengths = prefill_chunk_lengths(config.chunk_size)
+    programs = step_programs(buckets, bool(config.speculative_tokens), len(widths), len(lengths))
     program_bytes = compiled_program_bytes(model)
     compiled = programs * program_bytes + COMPILED_OTHER_BYTES
     # 3. The budget, and 4. the pools in it.
@@ -218,7 +220,7 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
         state_slots=slots, state_slot_bytes=state_bytes, kv_pages=pages, kv_page_bytes=page_bytes,
         kv_page_range=(lo, hi), kv_limited_by=limited_by, host_arena_bytes=host, pages_per_request=per_request,
         default_split=share, default_split_pools=at, cache=asked, decode_buckets=buckets,
-        prefill_widths=widths)
+        prefill_widths=widths, prefill_lengths=lengths)
 
 
 def _split_kw(config: EngineConfig, cache_bytes: CacheBytes | None,

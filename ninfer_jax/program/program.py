@@ -6,7 +6,8 @@ at warm-up, and applies ledger plans with `commit(plan)`. The engine asks it to 
 prefill chunk and one compact decode batch per cycle.
 
 Buckets: decode rows are padded to 2/4/8 (up to C; the capacity plan's `decode_buckets`, which also
-sizes their workspace); a prefill chunk is one row padded to `chunk_size` tokens, its page table cut
+sizes their workspace); a prefill chunk is one row padded to the shortest of the plan's
+`prefill_lengths` that holds it (`chunk_size` and its quarters down to 64 tokens), its page table cut
 to the narrowest of the plan's `prefill_widths` that holds the pages up to the chunk's end (the XLA
 attention reads every page of its table; plan/workspace.prefill_table_widths). Padding rows carry
 slot -1, so they read zeros and write nothing. The pools are the plan's (`self.plan.capacity`).
@@ -104,6 +105,7 @@ class Program:
         self.chunk_size = config.chunk_size
         self.decode_buckets = self.plan.decode_buckets
         self.prefill_widths = self.plan.prefill_widths
+        self.prefill_lengths = self.plan.prefill_lengths
         # State computed under another model, dtype or kernel backend is never adopted (CKP-4).
         # Points written with MTP K/V (speculative_tokens > 0) are their own execution (CKP-4).
         self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}" + ("|mtp" if self.speculative_tokens else "")
@@ -201,10 +203,13 @@ class Program:
             raise ValueError(f"prefill chunk of {n} tokens; expected 1..{self.chunk_size}")
         if media is not None and not self.takes_media:
             raise ValueError("this Program runs text only: its model has no vision tower")
-        buf = np.zeros((1, self.chunk_size), np.int32)
+        length = self.prefill_length(n)
+        buf = np.zeros((1, length), np.int32)
         buf[0, :n] = tokens
         if self.takes_media and media is None:
             media = self._text_media(start, n)
+        if media is not None and length < self.chunk_size:  # a shorter chunk program: its media inputs too
+            media = media.cut(length)
         # numpy in, no eager jnp conversions: the compiled step takes host arrays directly.
         width = self.prefill_width(start + n)
         extra = (self._tables([mtp_pages], 1, width),) if self.speculative_tokens else ()
@@ -212,6 +217,11 @@ class Program:
                             self._tables([pages], 1, width), np.array([slot], np.int32), *extra, media=media,
                             all_logits=all_logits)
         return logits[0, :n] if all_logits else logits[0]
+
+    def prefill_length(self, n: int) -> int:
+        """The token length of the chunk program that runs `n` tokens: the shortest compiled one
+        that holds them (plan/workspace.prefill_chunk_lengths); it depends on the chunk alone."""
+        return next((t for t in self.prefill_lengths if t >= n), self.chunk_size)
 
     def prefill_width(self, end: int) -> int:
         """The page-table width of a chunk ending at token `end`: the narrowest compiled one that
@@ -347,13 +357,16 @@ class Program:
     def warmup(self) -> None:
         """Compile every bucket once, on padding rows that write nothing."""
         if self.config.progress:
-            print(f"[ninfer] warming up {len(self.prefill_widths) + len(self.decode_buckets)} step buckets",
+            print(f"[ninfer] warming up {len(self.prefill_widths) * len(self.prefill_lengths) + len(self.decode_buckets)}"
+                  " step buckets",
                   file=sys.stderr)
         p = self.capacity.pages_per_request
-        for w in self.prefill_widths:
-            self._run("prefill", jnp.zeros((1, self.chunk_size), jnp.int32), jnp.zeros(1, jnp.int32),
-                      jnp.zeros(1, jnp.int32), jnp.zeros((1, w), jnp.int32), jnp.full(1, -1, jnp.int32),
-                      media=self._text_media(0, 0) if self.takes_media else None)
+        for t in self.prefill_lengths:
+            for w in self.prefill_widths:
+                media = self._text_media(0, 0).cut(t) if self.takes_media else None
+                self._run("prefill", jnp.zeros((1, t), jnp.int32), jnp.zeros(1, jnp.int32),
+                          jnp.zeros(1, jnp.int32), jnp.zeros((1, w), jnp.int32), jnp.full(1, -1, jnp.int32),
+                          media=media)
         for b in self.decode_buckets:
             if self.speculative_tokens:  # every decode row runs as a Verify unit; plain decode is not used
                 self.spec_decode([DecodeRow(0, 0, (), -1)] * b, [0] * b)
