@@ -7,6 +7,8 @@ a prompt holding the placeholder runs as the reference processor expands them, w
 """
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
 IMG, VID, VS, VE = 90, 91, 92, 93  # inside the tiny vocabulary (96); text ids are drawn below 90
@@ -206,3 +208,23 @@ def add_random_mtp(folder, seed: int = 5) -> None:
     head = {k: v for k, v in hf_tensors(to_np(params), to_np(mtp), cfg).items() if k.startswith("mtp.")}
     tensors = load_file(str(folder / "model.safetensors"))
     save_file(dict(tensors, **head), str(folder / "model.safetensors"))
+
+
+def encode_video(fmt: str, codec: str, frames: int = 12, fps: int = 6, size=(48, 64)) -> bytes:
+    """`frames` moving gradients of `size` (h, w) as one video file, encoded in memory by PyAV."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=fmt) as out:
+        stream = out.add_stream(codec, rate=fps)
+        stream.height, stream.width = size
+        stream.pix_fmt = "yuv420p"
+        h, w = size
+        yy, xx = np.mgrid[0:h, 0:w]
+        for i in range(frames):
+            rgb = np.stack([(xx * 4 + i * 20) % 256, (yy * 5) % 256, np.full_like(xx, 40 * (i % 6))], -1)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(rgb.astype(np.uint8), format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()

@@ -214,9 +214,10 @@ DEFAULT_ANIMATION_FPS = 10.0  # an animated image whose frames carry no duration
 
 def decode_animation(data: bytes, *, max_input_pixels: int = MAX_INPUT_PIXELS,
                      max_input_frames: int | None = None) -> tuple[list, float]:
-    """A video file Pillow decodes (an animated GIF, WebP or PNG) -> its frames (PIL images, made
-    RGB by `prepare_video` like any image) and its frame rate (from the frames' mean duration). Other video formats (MP4, WebM, ...) need a
-    decoder library this project does not install: `UnsupportedMediaError`, with the way out."""
+    """A video file -> its frames (PIL images or uint8 `[H, W, 3]` arrays, made RGB by
+    `prepare_video` like any image) and its frame rate. An animated GIF, WebP or PNG is Pillow's
+    (the rate from the frames' mean duration); MP4, WebM, MKV, MOV and the rest are PyAV's
+    (FFmpeg, `decode_video_file`) when it is installed, else `UnsupportedMediaError` with the way out."""
     from PIL import Image, ImageSequence, UnidentifiedImageError
 
     if not isinstance(data, (bytes, bytearray, memoryview)) or not len(data):
@@ -226,9 +227,11 @@ def decode_animation(data: bytes, *, max_input_pixels: int = MAX_INPUT_PIXELS,
     except Image.DecompressionBombError as e:
         raise TooManyPixelsError(str(e), pixels=-1, limit=max_input_pixels) from e
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise UnsupportedMediaError("a video file must be an animated GIF, WebP or PNG (decoding MP4, WebM and "
-                                    "other video formats needs a decoder library that is not installed): give "
-                                    f"the video as a list of frames ({e})") from e
+        if _pyav() is not None:
+            return decode_video_file(bytes(data), max_input_pixels=max_input_pixels, max_input_frames=max_input_frames)
+        raise UnsupportedMediaError("a video file must be an animated GIF, WebP or PNG, or, with PyAV installed "
+                                    "(pip install av), MP4, WebM and the other formats FFmpeg reads: give the video "
+                                    f"as a list of frames ({e})") from e
     total = getattr(image, "n_frames", 1)
     if total < 2:
         raise UnsupportedMediaError(f"a {image.format} with one frame is an image, not a video")
@@ -246,6 +249,56 @@ def decode_animation(data: bytes, *, max_input_pixels: int = MAX_INPUT_PIXELS,
         raise UndecodableMediaError(f"corrupt or truncated {image.format}: {e}") from e
     mean_ms = sum(durations) / len(durations)
     return frames, (1000.0 / mean_ms if mean_ms > 0 else DEFAULT_ANIMATION_FPS)
+
+
+def _pyav():
+    """The `av` module (PyAV: FFmpeg's decoders in one wheel), or None when it is not installed."""
+    try:
+        import av
+    except ImportError:
+        return None
+    return av
+
+
+def decode_video_file(data: bytes, *, max_input_pixels: int = MAX_INPUT_PIXELS,
+                      max_input_frames: int | None = None) -> tuple[list[np.ndarray], float]:
+    """An MP4, WebM, MKV, MOV... file -> its frames as uint8 `[H, W, 3]` RGB and its frame rate,
+    as the reference's PyAV reader gives them (`to_ndarray(format="rgb24")` of every frame of the
+    first video stream; the rate its `average_rate`). The size and the frame count the container
+    declares are checked before any frame is decoded; the decoded count again as it goes."""
+    av = _pyav()
+    if av is None:
+        raise UnsupportedMediaError("decoding MP4, WebM and other video files needs PyAV (pip install av): "
+                                    "give the video as a list of frames")
+    try:
+        container = av.open(io.BytesIO(bytes(data)), mode="r")
+    except (av.FFmpegError, ValueError, OSError) as e:
+        raise UnsupportedMediaError(f"not a video file FFmpeg reads: {e}") from e
+    with container:
+        if not container.streams.video:
+            raise UnsupportedMediaError("the file holds no video stream")
+        stream = container.streams.video[0]
+        if stream.width and stream.height:
+            _check_pixels(stream.height, stream.width, max_input_pixels)
+            _check_aspect(stream.height, stream.width)
+        if max_input_frames is not None and stream.frames > max_input_frames:
+            raise TooManyFramesError(f"{stream.frames} frames over the limit of {max_input_frames}",
+                                     frames=stream.frames, limit=max_input_frames)
+        rate = stream.average_rate or stream.guessed_rate
+        frames = []
+        try:
+            for frame in container.decode(stream):
+                if max_input_frames is not None and len(frames) >= max_input_frames:
+                    raise TooManyFramesError(f"more than {max_input_frames} frames", frames=len(frames) + 1,
+                                             limit=max_input_frames)
+                if (frame.height, frame.width) != (stream.height, stream.width):
+                    _check_pixels(frame.height, frame.width, max_input_pixels)
+                frames.append(frame.to_ndarray(format="rgb24"))
+        except av.FFmpegError as e:
+            raise UndecodableMediaError(f"corrupt or truncated video: {e}") from e
+    if len(frames) < 2:
+        raise UnsupportedMediaError(f"a video file with {len(frames)} frame(s) is not a video")
+    return frames, (float(rate) if rate else DEFAULT_ANIMATION_FPS)
 
 
 def prepare_image(data: Any, settings: ProcessorSettings | None = None, *,

@@ -87,6 +87,22 @@ def test_image_and_video_chat_equal_the_reference(vl):
     assert_idle_and_empty(engine)
 
 
+def test_an_mp4_video_url_equals_the_reference(vl):
+    """A video file (MP4, decoded by PyAV as the reference's reader decodes it) as a `video_url`
+    data URL: its frames sampled at the processor's fps, the prompt's logits those of the
+    reference forward with the frontend's pixels."""
+    pytest.importorskip("av")
+    from tiny_vl import encode_video
+
+    engine = _engine(vl)
+    url = "data:video/mp4;base64," + base64.b64encode(encode_video("mp4", "mpeg4", frames=8, fps=4)).decode()
+    msgs = [_user({"type": "video_url", "video_url": {"url": url}}, text="what happens?")]
+    got = _chat(engine, msgs)
+    rendered = _reference_check(engine, msgs, got)
+    assert [r.kind for r in rendered.media_ranges] == ["video"]
+    assert_idle_and_empty(engine)
+
+
 def test_turn_two_reuses_the_same_image_not_a_changed_one(vl):
     _, _, media = vl
     (media / "shot.png").write_bytes(png_bytes(2))
