@@ -218,3 +218,75 @@ def test_mtp_with_media_equals_mtp_off(vl_mtp):
     assert [h.result().token_ids for h in handles] == want
     assert engine.stats()["spec_verify_units"] > 0
     assert_idle_and_empty(engine)
+
+
+PRESSURE = [  # (Main KV pages above the CFG-6 minimum, spare StateImage slots, Host bytes, media cache bytes)
+    pytest.param(1, 0, 0, 0, id="kv+1-slots0-host0-mediacache0"),
+    pytest.param(2, 2, 1 << 16, None, id="kv+2-slots2-host64k"),
+]
+
+
+@pytest.mark.parametrize("extra_pages, slots, host, media_bytes", PRESSURE)
+def test_media_under_pressure_with_cancels_and_pauses_equals_cold(vl, extra_pages, slots, host, media_bytes):
+    """Main KV just above its minimum, 0 or 2 spare StateImage slots, no or a tiny Host arena, a
+    media cache that keeps nothing or the default; ten requests — turns that repeat an image
+    (reuse), other images, a video, text — greedy and seeded, C = 3, with cancels and Snapshot /
+    Replay pauses at cycles that fall in every phase. Integrity after every cycle; every request
+    that was not cancelled equals a cold engine's run of it alone."""
+    from ledger.capacity import kv_page_range
+
+    rng = np.random.default_rng(41)
+    g = (2, 4, 4)
+    base, images = _prompt(21, 1)
+    work = []
+    for i in range(10):
+        sp = (GREEDY if i % 2 == 0 else
+              SamplingParams(temperature=0.9, seed=i, max_tokens=8, ignore_eos=True, stop_token_ids=PLACEHOLDERS))
+        kind = i % 4
+        if kind == 0:  # the same image, each turn extending the last: a hit covering it
+            base = base + text_ids(rng, 4 + i)
+            work.append((base, {"images": images}, sp))
+        elif kind == 1:
+            p, im = _prompt(30 + i, 50 + i)
+            work.append((p, {"images": im}, sp))
+        elif kind == 2:
+            work.append((text_ids(rng, 6) + video_run(g, rng) + text_ids(rng, 5), {"videos": [(pixels(g, 70 + i), g)]}, sp))
+        else:
+            work.append((text_ids(rng, 40 + i), {}, sp))
+    lo, _ = kv_page_range(256, 3)
+    media = MediaConfig() if media_bytes is None else MediaConfig(cache_bytes=media_bytes)
+    engine = _engine(vl, max_concurrency=3, kv_capacity=(lo + extra_pages) * 64, media=media,
+                     context_cache=ContextCacheConfig(device_state_slots=slots, host_capacity_bytes=host))
+    handles = [engine.submit(p, sp, **m) for p, m, sp in work[:5]]  # the rest later: turns after turns
+    cancelled, paused, cycles = set(), 0, 0
+    while len(handles) < len(work) or not all(h.done() for h in handles):
+        engine.step()
+        engine.check_integrity()
+        cycles += 1
+        if cycles == 40:
+            handles += [engine.submit(p, sp, **m) for p, m, sp in work[5:]]
+        live = [h for h in handles if not h.done() and h.request_id not in cancelled]
+        if cycles in (2, 11, 29, 57) and live:  # queued, prefilling (inside media too), decoding
+            victim = live[cycles % len(live)]
+            victim.cancel()
+            cancelled.add(victim.request_id)
+        elif cycles % 7 == 3 and live:
+            rid = live[cycles % len(live)].request_id
+            paused += bool(engine.core.pause(rid, "snapshot" if cycles % 2 else "replay"))
+        assert cycles < 5000
+    engine.step()
+    engine.check_integrity()
+    cold = _engine(vl, max_concurrency=1, context_cache=ContextCacheConfig(enabled=False, host_capacity_bytes=0))
+    finished = 0
+    for (p, m, sp), h in zip(work, handles):
+        got = h.result()
+        if h.request_id in cancelled and got.finish_reason == "cancelled":
+            continue
+        assert got.finish_reason in ("length", "stop"), got.error
+        assert got.token_ids == _run(cold, p, sp, **m).token_ids, (h.request_id, got.usage)
+        finished += 1
+    stats = engine.stats()
+    assert finished >= 6 and paused >= 2, (finished, paused)
+    assert stats["cached_tokens"] > 0 or not slots  # with spare slots a later turn reuses its image
+    assert stats["vision_encodes"] >= 3 and stats["resumes_replay"] + stats["resumes_snapshot"] >= 1
+    assert_idle_and_empty(engine)
