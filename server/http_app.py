@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API on FastAPI: `/v1/chat/completions`, `/v1/completions`,
-`/v1/responses`, `/v1/models`, `/health`, `/metrics` (docs/http.md).
+`/v1/responses`, `/v1/models`, `/health`, `/metrics` (docs/http.md); Anthropic's `/v1/messages`
+and `/v1/messages/count_tokens` beside them (server/anthropic_routes.py).
 
 `OpenAIFront` holds what the routes share: the engine (attached after warm-up, like the gRPC
 servicer), the bearer token, the limits, the Responses store and the requests now running.
@@ -32,6 +33,7 @@ from starlette.requests import ClientDisconnect
 
 from ninfer_jax.frontend.output_parser import THINK_OPEN, OutputStream
 from ninfer_jax.frontend.responses import ResponsesStore
+from server import anthropic_routes
 from server import openai_convert as oc
 from server.limits import ServerLimits
 from server.metrics import registry_for
@@ -67,11 +69,17 @@ class OpenAIFront(RunningRequests):
         return str(self.engine.model_info().get("name", "")) if self.engine is not None else ""
 
     def authorize(self, request: Request) -> None:
+        """The bearer token (`Authorization: Bearer <token>`) or, as Anthropic's clients send it,
+        `x-api-key: <token>`."""
         if self.token is None:
             return
         supplied = request.headers.get("authorization", "")
+        key = request.headers.get("x-api-key")
+        if key is not None and hmac.compare_digest(key.encode(), self.token.encode()):
+            return
         if not hmac.compare_digest(supplied.encode(), f"Bearer {self.token}".encode()):
-            why = "missing bearer token (header 'Authorization: Bearer <token>')" if not supplied else "wrong bearer token"
+            why = ("missing bearer token (header 'Authorization: Bearer <token>' or 'x-api-key: <token>')"
+                   if not supplied and key is None else "wrong bearer token or API key")
             raise oc.ApiError(401, why, type="authentication_error", code="invalid_api_key")
 
     def ready_engine(self):
@@ -95,6 +103,24 @@ class OpenAIFront(RunningRequests):
 
     async def body(self, request: Request, model_cls):
         """The request body as `model_cls`: 413 past the size limit, 400 for bad JSON or fields."""
+        data = await self.json_body(request)
+        try:
+            req = model_cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or None
+            raise oc.ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+        self.check_model(req.model)
+        return req
+
+    def check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise oc.ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                              param="model", code="model_not_found")
+
+    async def json_body(self, request: Request) -> dict:
+        """The request body as a JSON object: 413 past the size limit, 415 for another content
+        type, 400 for bad JSON (too deep, a lone surrogate, NaN)."""
         limit = self.limits.max_message_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -121,16 +147,7 @@ class OpenAIFront(RunningRequests):
         if not isinstance(data, dict):
             raise oc.ApiError(400, "the body must be a JSON object", code="invalid_json")
         check_json(data)
-        try:
-            req = model_cls.model_validate(data)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or None
-            raise oc.ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
-        if req.model != self.model_name:
-            raise oc.ApiError(404, f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
-                              param="model", code="model_not_found")
-        return req
+        return data
 
     # --- running a request --------------------------------------------------------------------
     def relay(self, handle, started: asyncio.Event | None = None) -> asyncio.Queue:
@@ -290,7 +307,11 @@ def build_app(front: OpenAIFront) -> FastAPI:
 
     @app.exception_handler(oc.ApiError)
     async def _api_error(request: Request, exc: oc.ApiError):
+        if request.url.path.startswith(anthropic_routes.PREFIX):  # that API's own error shape
+            return anthropic_routes.error_response(exc)
         return JSONResponse(exc.body(), status_code=exc.status)
+
+    anthropic_routes.install(app, front, _submit)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -298,12 +319,16 @@ def build_app(front: OpenAIFront) -> FastAPI:
         codes = {404: "not_found", 405: "method_not_allowed"}
         err = oc.ApiError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}",
                           code=codes.get(exc.status_code))
+        if request.url.path.startswith(anthropic_routes.PREFIX):
+            return anthropic_routes.error_response(err, headers=getattr(exc, "headers", None))
         return JSONResponse(err.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
         log.exception("internal error in an HTTP request", exc_info=exc)
         err = oc.api_error(exc)
+        if request.url.path.startswith(anthropic_routes.PREFIX):
+            return anthropic_routes.error_response(err)
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.get("/health")

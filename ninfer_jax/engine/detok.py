@@ -46,6 +46,7 @@ class Detokenizer:
         self._sent = 0  # characters released
         self._pieces: list[str] = []
         self.stopped = False
+        self.stop_hit: str | None = None  # the stop string that ended the output
         self._include_stop = include_stop
         self._min_tokens = min_tokens
         self._pushed = 0  # tokens pushed
@@ -104,6 +105,7 @@ class Detokenizer:
             if hits:
                 self.stopped = True
                 at, longest = min(hits)  # the first stop string, the longest of those starting there
+                self.stop_hit = full[at:at - longest]
                 return self._release(full, at - longest if self._include_stop else at)
         hold = 1 if full.endswith("\ufffd") else 0
         for s in self._stop if armed else ():  # the longest tail that could still grow into a stop string

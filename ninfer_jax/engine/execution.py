@@ -259,8 +259,8 @@ class Execution:
         frontiers = [s.frontier for s in req.saves]
         self.reuse.observe(req.ticket, self.reuse.identity_at(req, len(req.target)), lo, req.fed, frontiers)
         for save in req.saves:
-            if save.frontier == req.fed:
-                self.reuse.capture(self.reuse.view_of(req), save)
+            if save.frontier == req.fed and self.reuse.capture(self.reuse.view_of(req), save):
+                req.saved_tokens = max(req.saved_tokens, min(save.frontier, len(req.prompt)))
 
     def _sample(self, req: Request, logits, token: int | None = None, now: float | None = None,
                 masked: bool = False) -> None:

@@ -114,6 +114,7 @@ class Request:
     bound: bool = False  # the cache policy knows it (bound to a record until it ends, PAUSE-1)
     cancel_requested: bool = False
     cached_tokens: int = 0
+    saved_tokens: int = 0  # the furthest prompt frontier this request's captures kept (Usage.saved_tokens)
     finish_reason: str | None = None
     error: str | None = None
     t_submit: float = 0.0  # on the Program's clock
@@ -167,9 +168,10 @@ class Request:
             request_id=self.request_id, prompt_token_ids=self.prompt, token_ids=tuple(self.output),
             text=self.text, finish_reason=self.finish_reason,
             usage=Usage(prompt_tokens=len(self.prompt), cached_tokens=self.cached_tokens,
-                        completion_tokens=len(self.output)),
+                        completion_tokens=len(self.output), saved_tokens=self.saved_tokens),
             logprobs=tuple(self.logprobs), error=self.error,
             prompt_logprobs=tuple(self.prompt_lps) if self.prompt_lps is not None else None,
+            stop_sequence=getattr(self.detok, "stop_hit", None),
             ttft_s=since_submit(self.t_first_token),
             max_output_gap_s=self.max_gap if len(self.output) >= 2 else None,  # OBS-3, OBS-4
             admitted_s=since_submit(self.t_admitted),

@@ -118,6 +118,9 @@ class Usage:
     prompt_tokens: int
     cached_tokens: int  # prompt tokens served from the context cache instead of prefilled
     completion_tokens: int
+    # The furthest prompt frontier this request saved to the cache (a capture it kept; 0: none):
+    # what Anthropic's usage calls cache creation, beyond `cached_tokens`.
+    saved_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +154,7 @@ class Completion:
     # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing
     # predicts it); else None.
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    stop_sequence: str | None = None  # the stop string that ended the output (finish "stop"), if one did
     # First-event and latency figures (OBS-1, OBS-2, OBS-4), all measured from submission on the
     # Program's clock (modelled seconds on SimProgram, wall seconds on the real model). Each event
     # is recorded once: a pause does not restart them (OBS-2, PAUSE-1). None: the event never happened.

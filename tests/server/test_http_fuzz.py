@@ -160,6 +160,26 @@ def _events(text: str, what) -> None:
             assert event["error"].get("type") != "server_error", (what, data[:300])
 
 
+def _anthropic_error_shape(r, what) -> None:
+    """Anthropic's error object on its paths: {"type": "error", "error": {"type", "message"}}."""
+    body = r.json()
+    assert isinstance(body, dict) and set(body) == {"type", "error"} and body["type"] == "error", (what, body)
+    err = body["error"]
+    assert set(err) == {"type", "message"} and err["message"] and err["type"] != "api_error", (what, body)
+
+
+def _anthropic_events(text: str, what) -> None:
+    """A Messages stream: `event:` / `data:` pairs of JSON objects, no internal error."""
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            event = json.loads(line[len("data: "):])
+            assert isinstance(event, dict) and "type" in event, (what, line[:200])
+            if event["type"] == "error":
+                assert event["error"]["type"] != "api_error", (what, line[:300])
+        else:
+            assert not line.strip() or line.startswith("event: "), (what, line[:200])
+
+
 def check_answer(r, method: str, path: str, what) -> None:
     """No 5xx; a 4xx is the typed error object (except on /health and /metrics, whose own
     shapes differ, and HEAD, which has no body); a 2xx parses."""
@@ -168,6 +188,14 @@ def check_answer(r, method: str, path: str, what) -> None:
     assert r.status_code < 500, (what, r.status_code, r.text[:500])
     SEEN[r.status_code] += 1
     if method == "HEAD" or path.split("?")[0] in ("/health", "/metrics"):
+        return
+    if path.startswith("/v1/messages"):
+        if r.status_code >= 400:
+            _anthropic_error_shape(r, what)
+        elif r.headers.get("content-type", "").startswith("text/event-stream"):
+            _anthropic_events(r.text, what)
+        else:
+            json.loads(r.content)
         return
     if r.status_code >= 400:
         _error_shape(r, what)
@@ -347,7 +375,9 @@ EDGES = {
     "logit_bias": [{"1": 1.0}, {}, {"a": "b"}, []],
     "logprobs": [True, False, -1, 0, 20, 21, 2 ** 40, 1.5, "2"], "top_logprobs": [-1, 0, 20, 21, True, 1.5],
     "stream": [True, "true", 1, 2, None], "stream_options": [{"include_usage": True}, {"include_usage": "x"}, [], None],
-    "tool_choice": ["required", "auto", "none", "other", {"type": "function", "function": {"name": "f"}}, {}, 1],
+    "tool_choice": ["required", "auto", "none", "other", {"type": "function", "function": {"name": "f"}}, {}, 1,
+                    {"type": "any"}, {"type": "tool", "name": "f"}, {"type": "tool", "name": "g"},
+                    {"type": "any", "disable_parallel_tool_use": True}, {"type": "tool"}],
     "tools": [[], [{}], [{"type": "function"}], [{"type": "function", "function": {"name": ""}}],
               [{"type": "web_search"}], [{"type": "function", "function": {"name": "f"}}] * 129, {"a": 1}],
     "response_format": [{"type": "json_object"}, {"type": "json_schema", "json_schema": {}}, {}, {"type": None},
@@ -375,6 +405,16 @@ EDGES = {
                  [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{no"}}]}],
                  [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}],
                  "hi", {"role": "user", "content": "hi"}],
+    # Anthropic's Messages fields (its tool_choice, tools and messages forms are in the lists above too)
+    "system": [None, "", [], [{"type": "image"}], 5, [{"type": "text"}], [{"type": "text", "text": "x",
+                                                                           "cache_control": {"type": "forever"}}]],
+    "thinking": [{"type": "enabled"}, {"type": "enabled", "budget_tokens": 1024}, {"type": "x"}, "on", None,
+                 {"type": "enabled", "budget_tokens": 2 ** 70}, {"type": "adaptive", "display": "loud"}],
+    "stop_sequences": [[], [""], "stop", None, [1], ["a"] * 50],
+    "cache_control": [{"type": "persistent"}, {}, "x", None, {"type": "ephemeral", "ttl": "1h"}],
+    "output_config": [{"effort": "low"}, {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+                      {"format": "x"}, 3, {"format": {"type": "json_schema", "schema": {"type": "nope"}}}],
+    "metadata": [{}, None, "x"],
 }
 
 
@@ -437,6 +477,37 @@ RESPONSES = mutated(RESPONSES_BODY, (
     "temperature", "top_p", "stream", "text", "seed", "top_k", "cache_markers", "session"))
 
 
+BLOCK = st.one_of(st.builds(lambda t: {"type": "text", "text": t}, SAFE_WORDS),
+                  st.builds(lambda t: {"type": "text", "text": t, "cache_control": {"type": "ephemeral"}}, SAFE_WORDS))
+
+
+@st.composite
+def messages_body(draw) -> dict:
+    """A valid Anthropic Messages body: user and assistant turns (text, a tool call and its
+    result), optional system blocks, tools and the Messages fields."""
+    turns = [{"role": "user", "content": draw(st.one_of(SAFE_WORDS, st.lists(BLOCK, min_size=1, max_size=2)))}]
+    if draw(st.booleans()):
+        turns += [{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f",
+                                                     "input": {"a": draw(SAFE_WORDS)}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                "content": draw(SAFE_WORDS)}]}]
+    body = {"model": MODEL, "max_tokens": draw(SMALL), "messages": turns}
+    body.update(draw(st.fixed_dictionaries({}, optional={
+        "system": st.one_of(SAFE_WORDS, st.lists(BLOCK, min_size=1, max_size=2)),
+        "tools": st.just([{"name": "f", "input_schema": {"type": "object", "properties": {"a": {"type": "string"}}}}]),
+        "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "none"}]),
+        "thinking": st.sampled_from([{"type": "disabled"}, {"type": "adaptive"}]),
+        "stop_sequences": st.lists(SAFE_WORDS, max_size=2), "temperature": st.floats(0, 1),
+        "top_k": st.integers(0, 50), "stream": st.booleans(), "cache_control": st.just({"type": "ephemeral"}),
+        "metadata": st.just({"user_id": "u1"})})))
+    return body
+
+
+MESSAGES = mutated(messages_body(), ("model", "max_tokens", "messages", "system", "tools", "tool_choice", "thinking",
+                                     "stop_sequences", "temperature", "top_p", "top_k", "stream", "cache_control",
+                                     "output_config", "metadata"))
+
+
 # --- the body tests ---------------------------------------------------------------------------
 def reached(*statuses) -> None:
     """The test's examples got each of these answers: generation as well as the refusals."""
@@ -482,6 +553,24 @@ def test_responses_bodies(served):
             assert first.status_code == 200, first.text[:300]
             req["previous_response_id"] = first.json()["id"]
         post_json(client, "/v1/responses", req)
+
+    SEEN.clear()
+    fuzz()
+    reached(200, 400)
+    settled(*served)
+
+
+def test_anthropic_messages_bodies(served):
+    """Anthropic's /v1/messages and /v1/messages/count_tokens (issue 37): no 5xx, its own error
+    shape on every refusal, streams of well-formed events."""
+    srv, fake, client, _ = served
+
+    @_settings(BODY_EXAMPLES)
+    @given(req=MESSAGES, count=st.booleans())
+    def fuzz(req, count):
+        if count and isinstance(req, dict):
+            req = {k: v for k, v in req.items() if k not in ("max_tokens", "stream")}
+        post_json(client, "/v1/messages/count_tokens" if count else "/v1/messages", req)
 
     SEEN.clear()
     fuzz()
