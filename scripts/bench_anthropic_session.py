@@ -10,10 +10,8 @@ must agree.
 """
 from __future__ import annotations
 
-import argparse
-import json
+from bench_multi_turn import USERS, compare
 
-USERS = ["Tell me about cats.", "And dogs?", "Which is older?", "Why?", "Thanks, one more fact."]
 MODEL = "builtin:tiny-hybrid"
 SYSTEM = [{"type": "text", "text": "You are a concise assistant for a pet magazine. Keep answers short.",
            "cache_control": {"type": "ephemeral"}}]
@@ -76,20 +74,7 @@ def over_http(kw: dict, max_tokens: int) -> list[tuple[int, int]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--max_tokens", type=int, default=24)
-    a = ap.parse_args()
-    kw = dict(max_concurrency=2, max_context=1024, progress=False)
-    figures = {}
-    for name, run in (("python", python_api), ("anthropic_http", over_http)):
-        turns = run(kw, a.max_tokens)
-        cached, prompt = sum(c for c, _ in turns), sum(p for _, p in turns)
-        figures[name] = {"turns": [{"cached_tokens": c, "prompt_tokens": p} for c, p in turns],
-                         "cached_fraction": round(cached / prompt, 4)}
-        print(f"{name}: cached/prompt per turn {[f'{c}/{p}' for c, p in turns]}, "
-              f"all turns {cached}/{prompt} = {cached / prompt:.3f}")
-    figures["equal"] = figures["python"]["turns"] == figures["anthropic_http"]["turns"]
-    print(json.dumps(figures))
+    compare(__doc__, {"python": python_api, "anthropic_http": over_http})
 
 
 if __name__ == "__main__":

@@ -55,21 +55,27 @@ def over_http(kw: dict, max_tokens: int) -> list[tuple[int, int]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def compare(doc: str, runs: dict) -> None:
+    """Run each of `runs` ({name: fn(engine kwargs, max_tokens) -> [(cached, prompt) per turn]})
+    on a fresh engine, print each one's turns and the JSON of all, `equal` when all agree."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--max_tokens", type=int, default=24)
     a = ap.parse_args()
     kw = dict(max_concurrency=2, max_context=1024, progress=False)
     figures = {}
-    for name, run in (("python", python_api), ("http", over_http)):
+    for name, run in runs.items():
         turns = run(kw, a.max_tokens)
         cached, prompt = sum(c for c, _ in turns), sum(p for _, p in turns)
         figures[name] = {"turns": [{"cached_tokens": c, "prompt_tokens": p} for c, p in turns],
                          "cached_fraction": round(cached / prompt, 4)}
         print(f"{name}: cached/prompt per turn {[f'{c}/{p}' for c, p in turns]}, "
               f"all turns {cached}/{prompt} = {cached / prompt:.3f}")
-    figures["equal"] = figures["python"]["turns"] == figures["http"]["turns"]
+    figures["equal"] = len({json.dumps(f["turns"]) for f in figures.values()}) == 1
     print(json.dumps(figures))
+
+
+def main() -> None:
+    compare(__doc__, {"python": python_api, "http": over_http})
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ class AnthropicError(oc.ApiError):
     passes it through as it is)."""
 
     def __init__(self, status: int, message: str, type: str | None = None):
-        super().__init__(status, message, type=type or ERROR_TYPES.get(status, "api_error"))
+        fallback = "invalid_request_error" if status < 500 else "api_error"  # 405, 411... are the client's
+        super().__init__(status, message, type=type or ERROR_TYPES.get(status, fallback))
 
     def body(self) -> dict:
         return {"type": "error", "error": {"type": self.type, "message": self.message}}
@@ -72,32 +73,27 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class MessagesRequest(_Body):
+class CountTokensRequest(_Body):
+    """What `count_tokens` reads: the prompt's parts of a Messages body."""
+
     model: str = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
     messages: list[dict] = Field(min_length=1)
     system: Union[str, list[dict], None] = None
     tools: Optional[list[dict]] = None
     tool_choice: Optional[dict] = None
     thinking: Optional[dict] = None
+    cache_control: Optional[dict] = None  # automatic caching: a marker at the last cacheable block
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
     stop_sequences: Optional[list[str]] = None
     temperature: Optional[float] = Field(default=None, ge=0, le=1)
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     metadata: Optional[dict] = None
     stream: bool = False
-    cache_control: Optional[dict] = None  # automatic caching: a marker at the last cacheable block
     output_config: Optional[dict] = None  # {"format": {"type": "json_schema", "schema": ...}}
-
-
-class CountTokensRequest(_Body):
-    model: str = Field(min_length=1)
-    messages: list[dict] = Field(min_length=1)
-    system: Union[str, list[dict], None] = None
-    tools: Optional[list[dict]] = None
-    tool_choice: Optional[dict] = None
-    thinking: Optional[dict] = None
-    cache_control: Optional[dict] = None
 
 
 def parse(model_cls, data: dict):

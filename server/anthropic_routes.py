@@ -62,7 +62,7 @@ def install(app: FastAPI, front, submit: Callable[[Callable[[], Any]], Any]) -> 
             max_context = int(engine.model_info()["max_context"])
             sampling = submit(lambda: ac.sampling_of(req, chat, front.limits, max_context))
             rendered = await asyncio.to_thread(submit, lambda: render(engine, chat))
-            mid = ac.new_id("msg")
+            mid = front.request_id(request, "msg", ac.new_id)
             handle = await asyncio.to_thread(submit, lambda: engine.submit_rendered(
                 rendered, sampling=sampling, request_id=mid))
         except Exception as exc:  # noqa: BLE001

@@ -33,7 +33,7 @@ from starlette.requests import ClientDisconnect
 
 from ninfer_jax.frontend.output_parser import THINK_OPEN, OutputStream
 from ninfer_jax.frontend.responses import ResponsesStore
-from server import anthropic_routes
+from server import anthropic_routes, http_ops
 from server import openai_convert as oc
 from server.limits import ServerLimits
 from server.metrics import registry_for
@@ -103,15 +103,31 @@ class OpenAIFront(RunningRequests):
 
     async def body(self, request: Request, model_cls):
         """The request body as `model_cls`: 413 past the size limit, 400 for bad JSON or fields."""
-        data = await self.json_body(request)
+        req = self.validate(model_cls, await self.json_body(request))
+        self.check_model(req.model)
+        return req
+
+    @staticmethod
+    def validate(model_cls, data: dict):
+        """`data` as `model_cls`: a 400 naming the first bad field."""
         try:
-            req = model_cls.model_validate(data)
+            return model_cls.model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"]) or None
             raise oc.ApiError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
-        self.check_model(req.model)
-        return req
+
+    def request_id(self, request: Request, prefix: str, new: Callable[[str], str] = oc.new_id) -> str:
+        """The request's id: its `X-Request-Id` header when it sends one (then the engine's request
+        id as well, so logs, metrics and gRPC name the same request), else a new `prefix` id.
+        Recorded for the response's `X-Request-Id` header (`RequestIds`)."""
+        given = request.headers.get("x-request-id")
+        if given is not None and not http_ops.REQUEST_ID.fullmatch(given):
+            raise oc.ApiError(400, "X-Request-Id: 1 to 128 characters of letters, digits and ._:- expected",
+                              param="X-Request-Id")
+        rid = given or new(prefix)
+        request.state.request_id = rid
+        return rid
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:
@@ -304,6 +320,7 @@ def check_json(data) -> None:
 
 def build_app(front: OpenAIFront) -> FastAPI:
     app = FastAPI(title="NInfer-JAX OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(http_ops.RequestIds)
 
     @app.exception_handler(oc.ApiError)
     async def _api_error(request: Request, exc: oc.ApiError):
@@ -312,6 +329,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
         return JSONResponse(exc.body(), status_code=exc.status)
 
     anthropic_routes.install(app, front, _submit)
+    http_ops.install(app, front, _submit)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
@@ -357,7 +375,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
     async def chat_completions(request: Request):
         engine, req, max_context = await front.accept(request, ChatCompletionRequest)
         kwargs, sampling, top = _submit(lambda: oc.chat_request(req, front.limits, max_context))
-        rid = oc.new_id("chatcmpl")
+        rid = front.request_id(request, "chatcmpl")
 
         def render():
             frontend = engine.chat_frontend()
@@ -395,7 +413,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
     async def completions(request: Request):
         engine, req, max_context = await front.accept(request, CompletionRequest)
         prompt, sampling, top = _submit(lambda: oc.completion_request(req, front.limits, max_context))
-        rid = oc.new_id("cmpl")
+        rid = front.request_id(request, "cmpl")
         saves = {k: v for k, v in (("session", req.session), ("anchors", req.anchors), ("markers", req.markers),
                                    ("recovery_point", req.recovery_point)) if v}
         samplings = oc.choice_samplings(sampling, req.n or 1)
@@ -429,7 +447,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
                                             session=req.session or None)
             return rendered, handle
 
-        rid = oc.new_id("resp")
+        rid = front.request_id(request, "resp")
         rendered, handle = await asyncio.to_thread(_submit, submit)
         think = (rendered.prompt.text or "").rstrip().endswith(THINK_OPEN)
         q = front.relay(handle)

@@ -101,3 +101,17 @@ class ResponsesRequest(_Body):
     top_k: Optional[int] = None
     cache_markers: Optional[list[dict[str, Any]]] = None
     session: Optional[str] = None
+
+
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize: a prompt, or chat messages (and tools) rendered by the template."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[Any]] = None
+    tools: Optional[list[dict]] = None
+
+
+class DetokenizeRequest(_Body):
+    model: Optional[str] = None
+    tokens: list[int]

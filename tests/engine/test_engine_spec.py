@@ -59,8 +59,9 @@ def _reference(plain, work):
     return [r.token_ids for r in _run(plain, work)]
 
 
-# (k, C): every k and every C bucket, each engine compiling only its own buckets.
-GREEDY_CASES = [(1, 3), (2, 8), (3, 1), (4, 8)]
+# (k, C): the default k at the largest bucket and another k alone; k = 1 and 4 (and C = 3, 4) are
+# test_spec_three_architectures_equal_plain's, k = 4 under pressure test_spec_under_pressure_with_cancels'.
+GREEDY_CASES = [(2, 8), (3, 1)]
 
 
 @pytest.mark.parametrize("k, c", GREEDY_CASES, ids=[f"k{k}-C{c}" for k, c in GREEDY_CASES])

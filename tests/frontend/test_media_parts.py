@@ -334,7 +334,7 @@ def test_policy_limits(vision_tok, media_dir):
     few = ChatFrontend(vision_tok, media_policy=MediaPolicy(max_input_frames=2))
     with pytest.raises(TooManyFramesError):
         few.render_chat(_user({"type": "video", "video": [_data_url(png)] * 3}))
-    with pytest.raises(UnsupportedMediaError, match="decoder library"):   # MP4: no decoder installed
+    with pytest.raises(UnsupportedMediaError, match="FFmpeg"):   # "MP4" bytes no decoder reads
         few.render_chat(_user({"type": "video_url", "video_url": {"url": _data_url(b"x", "video/mp4")}}))
     with pytest.raises(UnsupportedMediaError, match="one frame"):   # a still image is not a video file
         few.render_chat(_user({"type": "video_url", "video_url": {"url": _data_url(png)}}))

@@ -153,3 +153,20 @@ def spawn_serve(*flags: str, pattern: str = r"serving .* on (127\.0\.0\.1:\d+)",
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def serve_http(factory, token=None):
+    """A warmed-up InferenceServer of `factory`'s engine with only its HTTP API, on loopback."""
+    from server.app import InferenceServer
+
+    srv = InferenceServer(factory, port=None, http_port=0, token=token, grace_s=2.0, progress=lambda m: None)
+    srv.start()
+    srv.warm_up()
+    return srv
+
+
+def http_settled(srv) -> None:
+    """Nothing left running in the HTTP front or the engine, and the ledger whole."""
+    assert wait_until(lambda: srv.http.front.active_count() == 0, 30.0), "requests still registered"
+    assert wait_until(lambda: srv.engine.stats()["residents"] + srv.engine.stats()["queued"] == 0, 30.0)
+    srv.engine.check_integrity()

@@ -14,9 +14,8 @@ import pytest
 from ninfer_jax import SamplingParams
 from ninfer_jax.errors import QueueFullError
 from server import anthropic_convert as ac
-from server.app import InferenceServer
 from server.cli_commands import engine_factory
-from fakes import FakeEngine, wait_until
+from fakes import FakeEngine, http_settled as _settled, serve_http as _serve
 
 MODEL = "builtin:tiny-hybrid"
 SYSTEM = [{"type": "text", "text": "You are the weather desk of a newspaper. Answer in one short line.",
@@ -25,13 +24,6 @@ WEATHER = {"name": "get_weather", "description": "Weather of a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 GREEDY = {"temperature": 0}  # a body field older clients send (the 2026 client has no parameter for it)
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-def _serve(factory, token=None):
-    srv = InferenceServer(factory, port=None, http_port=0, token=token, grace_s=2.0, progress=lambda m: None)
-    srv.start()
-    srv.warm_up()
-    return srv
 
 
 def _client(srv, key="unused"):
@@ -44,12 +36,6 @@ def live():
     srv = _serve(engine_factory(MODEL, max_concurrency=2, max_context=512, progress=False))
     yield srv, _client(srv)
     srv.shutdown(grace_s=2.0)
-
-
-def _settled(srv):
-    assert wait_until(lambda: srv.http.front.active_count() == 0, 30.0), "requests still registered"
-    assert wait_until(lambda: srv.engine.stats()["residents"] + srv.engine.stats()["queued"] == 0, 30.0)
-    srv.engine.check_integrity()
 
 
 def _text(msg) -> str:

@@ -653,7 +653,9 @@ SEGMENT = st.one_of(st.sampled_from(["v1", "chat", "completions", "responses", "
                                      ".", "..", "%00", "%ff", "%2F", "%2e%2e", "V1", "\u00e9", "\U0001F600", ";x"]),
                     st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.~", max_size=8))
 KNOWN = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health",
-                         "/metrics", "/v1/models/", "/v1", "/", "/v1/responses/abc", "/v1/chat/completions/"])
+                         "/metrics", "/v1/models/", "/v1", "/", "/v1/responses/abc", "/v1/chat/completions/",
+                         "/v1/models/fake:tiny", "/v1/models/x/y", "/tokenize", "/detokenize", "/v1/messages",
+                         "/v1/messages/count_tokens"])
 PATH = often(KNOWN, st.lists(SEGMENT, min_size=1, max_size=4).map(lambda s: "/" + "/".join(s)), percent=60)
 
 

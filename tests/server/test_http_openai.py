@@ -19,20 +19,13 @@ from ninfer_jax import SamplingParams
 from server import openai_convert as oc
 from server.app import InferenceServer
 from server.cli_commands import engine_factory
-from fakes import FakeEngine, spawn_serve, wait_until
+from fakes import FakeEngine, http_settled as _settled, serve_http as _serve, spawn_serve, wait_until
 
 MODEL = "builtin:tiny-hybrid"
 USER = [{"role": "user", "content": "Hello there"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-
-
-def _serve(factory, token=None):
-    srv = InferenceServer(factory, port=None, http_port=0, token=token, grace_s=2.0, progress=lambda m: None)
-    srv.start()
-    srv.warm_up()
-    return srv
 
 
 def _client(srv, token="unused", **kw):
@@ -45,12 +38,6 @@ def live():
     srv = _serve(engine_factory(MODEL, max_concurrency=4, max_context=512, progress=False))
     yield srv, _client(srv)
     srv.shutdown(grace_s=2.0)
-
-
-def _settled(srv):
-    assert wait_until(lambda: srv.http.front.active_count() == 0, 30.0), "requests still registered"
-    assert wait_until(lambda: srv.engine.stats()["residents"] + srv.engine.stats()["queued"] == 0, 30.0)
-    srv.engine.check_integrity()
 
 
 # --- outputs equal the engine's ----------------------------------------------------------------
@@ -386,6 +373,49 @@ def test_models_listing(live):
     srv, client = live
     models = client.models.list()
     assert [m.id for m in models] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-nothing")
+    assert info.value.body["code"] == "model_not_found"
+
+
+def test_x_request_id_is_echoed_and_names_the_request(live):
+    """Issue 37: a client's X-Request-Id is the request's id (the answer's and the engine's) and
+    comes back on plain and streamed answers and on errors; without one the server makes one."""
+    srv, _ = live
+    base = f"http://127.0.0.1:{srv.http.port}"
+    body = {"model": MODEL, "messages": USER, "max_tokens": 2}
+    r = httpx2.post(f"{base}/v1/chat/completions", headers={"X-Request-Id": "trace-42.a"}, json=body)
+    assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42.a" and r.json()["id"] == "trace-42.a"
+    with httpx2.stream("POST", f"{base}/v1/chat/completions", json=dict(body, stream=True)) as s:
+        made = s.headers["x-request-id"]
+        ids = {json.loads(line[6:])["id"] for line in s.iter_lines() if line.startswith("data: {")}
+    assert made.startswith("chatcmpl-") and ids == {made}
+    m = httpx2.post(f"{base}/v1/messages", headers={"X-Request-Id": "agent-7"},
+                    json={"model": MODEL, "max_tokens": 2, "messages": USER})
+    assert m.json()["id"] == "agent-7" and m.headers["x-request-id"] == "agent-7"
+    missing = httpx2.get(f"{base}/v1/models/nope", headers={"X-Request-Id": "lost-1"})
+    assert missing.status_code == 404 and missing.headers["x-request-id"] == "lost-1"
+    bad = httpx2.post(f"{base}/v1/chat/completions", headers={"X-Request-Id": "x" * 200}, json=body)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Request-Id"
+    _settled(srv)
+
+
+def test_tokenize_and_detokenize(live):
+    srv, _ = live
+    base = f"http://127.0.0.1:{srv.http.port}"
+    t = httpx2.post(f"{base}/tokenize", json={"model": MODEL, "prompt": "Hello there"}).json()
+    assert t["tokens"] == list(srv.engine.tokenizer.encode("Hello there")) and t["count"] == len(t["tokens"])
+    assert t["max_model_len"] == 512
+    chat = httpx2.post(f"{base}/tokenize", json={"messages": USER}).json()
+    assert chat["tokens"] == list(srv.engine.chat_frontend().render_chat(USER).token_ids)
+    back = httpx2.post(f"{base}/detokenize", json={"tokens": t["tokens"]}).json()
+    assert back["prompt"] == "Hello there"
+    for path, body in (("/tokenize", {}), ("/tokenize", {"prompt": "a", "messages": USER}),
+                       ("/detokenize", {"tokens": [10 ** 9]}), ("/detokenize", {"tokens": "abc"}),
+                       ("/tokenize", {"model": "gpt-nothing", "prompt": "a"})):
+        r = httpx2.post(base + path, json=body)
+        assert r.status_code in (400, 404) and set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
 
 
 # --- bad input ---------------------------------------------------------------------------------
