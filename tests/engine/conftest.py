@@ -9,10 +9,12 @@ def tiny_model():
     return load_model("builtin:tiny-hybrid")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def plain_and_spec():
     """Two engines on the built-in model running their own threads (C = 2, max_context 256,
-    chunk 32): one plain, one drafting with its MTP head (k = 2), for tests that compare them."""
+    chunk 32): one plain, one drafting with its MTP head (k = 2), for tests that compare them.
+    Shared by every module that asks (their warm-up is the cost): what one test leaves in their
+    caches never changes another's tokens (doctrine 1), which is what these tests compare."""
     from ninfer_jax import Engine, EngineConfig
 
     kw = dict(max_concurrency=2, max_context=256, chunk_size=32, progress=False)
