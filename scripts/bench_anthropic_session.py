@@ -10,7 +10,7 @@ must agree.
 """
 from __future__ import annotations
 
-from bench_multi_turn import USERS, compare
+from bench_multi_turn import USERS, compare, served
 
 MODEL = "builtin:tiny-hybrid"
 SYSTEM = [{"type": "text", "text": "You are a concise assistant for a pet magazine. Keep answers short.",
@@ -51,25 +51,16 @@ def python_api(kw: dict, max_tokens: int) -> list[tuple[int, int]]:
 def over_http(kw: dict, max_tokens: int) -> list[tuple[int, int]]:
     import anthropic
 
-    from server.app import InferenceServer
-    from server.cli_commands import engine_factory
-
-    srv = InferenceServer(engine_factory(MODEL, **kw), port=None, http_port=0, grace_s=2.0, progress=lambda m: None)
-    srv.start()
-    srv.warm_up()
-    try:
-        client = anthropic.Anthropic(api_key="unused", base_url=f"http://127.0.0.1:{srv.http.port}", max_retries=0)
+    with served(kw) as base:
+        client = anthropic.Anthropic(api_key="unused", base_url=base, max_retries=0)
         history, out = [], []
         for text in USERS:
             history.append({"role": "user", "content": text})
-            body = _body(history, max_tokens)
-            r = client.messages.create(**body, extra_body={"temperature": 0})
+            r = client.messages.create(**_body(history, max_tokens), extra_body={"temperature": 0})
             u = r.usage
             out.append((u.cache_read_input_tokens,
                         u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens))
             history.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]})
-    finally:
-        srv.shutdown(grace_s=2.0)
     return out
 
 

@@ -9,6 +9,7 @@ must agree, and a reply must render back whole (docs/http.md, Round trip).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 USERS = ["Tell me about cats.", "And dogs?", "Which is older?", "Why?", "Thanks, one more fact."]
@@ -32,9 +33,9 @@ def python_api(kw: dict, max_tokens: int) -> list[tuple[int, int]]:
     return out
 
 
-def over_http(kw: dict, max_tokens: int) -> list[tuple[int, int]]:
-    import openai
-
+@contextlib.contextmanager
+def served(kw: dict):
+    """A loopback HTTP server of the built-in model on a fresh engine; yields its base URL."""
     from server.app import InferenceServer
     from server.cli_commands import engine_factory
 
@@ -42,7 +43,16 @@ def over_http(kw: dict, max_tokens: int) -> list[tuple[int, int]]:
     srv.start()
     srv.warm_up()
     try:
-        client = openai.OpenAI(api_key="unused", base_url=f"http://127.0.0.1:{srv.http.port}/v1", max_retries=0)
+        yield f"http://127.0.0.1:{srv.http.port}"
+    finally:
+        srv.shutdown(grace_s=2.0)
+
+
+def over_http(kw: dict, max_tokens: int) -> list[tuple[int, int]]:
+    import openai
+
+    with served(kw) as base:
+        client = openai.OpenAI(api_key="unused", base_url=f"{base}/v1", max_retries=0)
         history, out = [], []
         for text in USERS:
             history.append({"role": "user", "content": text})
@@ -50,8 +60,6 @@ def over_http(kw: dict, max_tokens: int) -> list[tuple[int, int]]:
                                                extra_body={"session": "s"})
             out.append((r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens))
             history.append({"role": "assistant", "content": r.choices[0].message.content})
-    finally:
-        srv.shutdown(grace_s=2.0)
     return out
 
 
