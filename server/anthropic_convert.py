@@ -345,7 +345,7 @@ def sampling_of(req, chat: dict, limits, max_context: int):
     """SamplingParams of a Messages body: its sampling fields, stop sequences, max_tokens and the
     structured output its tool_choice asks for (any / tool)."""
     found = [f for f in (_output_format(getattr(req, "output_config", None)),
-                         oc._tool_choice("tool_choice", chat["tool_choice"], chat["tools"],
+                         oc.tool_choice_of("tool_choice", chat["tool_choice"], chat["tools"],
                                          lambda c: (c.get("function") or {}).get("name"))
                          if chat["tool_choice"] not in (None, "none") else None) if f is not None]
     if len(found) > 1:

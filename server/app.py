@@ -43,9 +43,10 @@ class InferenceServer:
     def __init__(self, engine_factory: Callable[[], Any], *, host: str = "127.0.0.1", port: int | None = 0,
                  token: str | None = None, limits: ServerLimits | None = None, max_workers: int | None = None,
                  grace_s: float = 10.0, close_engine: bool = True, progress: Callable[[str], None] | None = None,
-                 http_port: int | None = None):
+                 http_port: int | None = None, http_settings: Any = None):
         """`port` None: no gRPC listener; `http_port` (None: none) adds the OpenAI-compatible
-        HTTP API on the same host, engine, token and limits (docs/http.md)."""
+        HTTP API on the same host, engine, token and limits (docs/http.md), configured by
+        `http_settings` (server.http_settings.HttpSettings; None: the defaults)."""
         self.limits = limits or ServerLimits()
         self.host, self.port = host, port
         self.http = None
@@ -53,7 +54,7 @@ class InferenceServer:
             from server.http_app import OpenAIFront
             from server.http_server import HttpListener
 
-            self.http = HttpListener(OpenAIFront(self.limits, token=token), host=host, port=http_port)
+            self.http = HttpListener(OpenAIFront(self.limits, token=token, settings=http_settings), host=host, port=http_port)
         if port is None and self.http is None:
             raise ValueError("a server needs a gRPC port, an HTTP port or both")
         self.grace_s = grace_s

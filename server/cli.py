@@ -37,6 +37,38 @@ flags.DEFINE_float("grace_s", 10.0, "serve: seconds running streams get to finis
                    lower_bound=0.0)
 flags.DEFINE_integer("max_message_bytes", 8 << 20, "serve: largest gRPC message.", lower_bound=1024)
 flags.DEFINE_float("timeout", None, "generate/chat --server: deadline of the call in seconds.")
+# The HTTP API's own settings (server/http_settings.py)
+flags.DEFINE_multi_string("served_model_name", None, "serve: a name requests may give as `model` (repeat for "
+                          "several; the first is the one answers report). Default: the model's own name.")
+flags.DEFINE_list("cors_origins", [], "serve: comma-separated origins a browser may call the HTTP API from "
+                  "(* = any). Default: no CORS headers.")
+flags.DEFINE_bool("access_log", True, "serve: one line per HTTP request on stderr (method, path, status, request "
+                  "id, tokens, TTFT, duration).")
+flags.DEFINE_string("request_log", None, "serve: a file that gets one JSON line per finished HTTP generation "
+                    "request (ids, tokens, timing, the recovery point of its hit, its pauses).")
+flags.DEFINE_integer("max_responses", 1024, "serve: most stored Responses (/v1/responses with store=true).",
+                     lower_bound=1)
+flags.DEFINE_integer("responses_max_bytes", 64 << 20, "serve: most bytes of stored Responses (their JSON); the "
+                     "least recently used go first.", lower_bound=1)
+flags.DEFINE_float("responses_ttl_s", None, "serve: seconds a stored Response is kept (default: until evicted).")
+flags.DEFINE_string("responses_store", None, "serve: a folder that keeps stored Responses across restarts "
+                    "(default: memory only).")
+HTTP_SETTINGS = ("served_model_name", "cors_origins", "access_log", "request_log", "max_responses",
+                 "responses_max_bytes", "responses_ttl_s", "responses_store")
+
+
+def http_settings():
+    """The HTTP API's settings from the flags (a ValueError names a bad one)."""
+    from server.http_settings import HttpSettings
+
+    try:
+        return HttpSettings(served_model_names=tuple(FLAGS.served_model_name or ()),
+                            cors_origins=tuple(o.strip() for o in FLAGS.cors_origins if o.strip()),
+                            access_log=FLAGS.access_log, request_log=FLAGS.request_log,
+                            max_responses=FLAGS.max_responses, responses_max_bytes=FLAGS.responses_max_bytes,
+                            responses_ttl_s=FLAGS.responses_ttl_s, responses_store=FLAGS.responses_store)
+    except ValueError as exc:
+        raise cli.UsageError(str(exc)) from None
 
 REMOTE = ("server", "token", "timeout", "wait_s")
 SERVE = cli_help.Command(
@@ -48,6 +80,7 @@ SERVE = cli_help.Command(
     "until the engine has warmed up. --model=fake:NAME serves a deterministic fake engine "
     "(no model, no compilation).",
     (("service", ("host", "port", "http_port", "token", "grace_s", "max_message_bytes")),
+     ("http", HTTP_SETTINGS),
      ("model", cli_help.MODEL), ("engine", cli_help.ENGINE), ("media", cli_help.MEDIA)),
     ("ninfer serve --port 50051",
      "ninfer serve --port=-1 --http_port=8000          # the OpenAI-compatible HTTP API only",
@@ -61,6 +94,7 @@ def cmd_serve(args: list[str]) -> int:
     fake = FLAGS.model.startswith("fake:")  # server.fake_engine's fake engine: no model, no JAX work
     try:
         cli.no_arguments("serve", args)
+        settings = http_settings()
         if not fake:
             from ninfer_jax.engine.preflight import preflight
 
@@ -74,7 +108,8 @@ def cmd_serve(args: list[str]) -> int:
         return cli.refuse("serve", ValueError("--port=-1 turns gRPC off; give --http_port=PORT to serve HTTP instead"))
     return serve(model=FLAGS.model, host=FLAGS.host, port=None if FLAGS.port < 0 else FLAGS.port,
                  http_port=FLAGS.http_port, token=FLAGS.token, grace_s=FLAGS.grace_s,
-                 max_message_bytes=FLAGS.max_message_bytes, **cli_flags.engine_settings())
+                 max_message_bytes=FLAGS.max_message_bytes, http_settings=settings,
+                 **cli_flags.engine_settings())
 
 
 def cmd_generate(args: list[str]) -> int:

@@ -74,13 +74,13 @@ def engine_factory(model: str, **settings: Any) -> Callable[[], Any]:
 
 
 def serve(*, model: str, host: str, port: int | None, token: str | None, grace_s: float, max_message_bytes: int,
-          http_port: int | None = None, **engine_settings: Any) -> int:
+          http_port: int | None = None, http_settings: Any = None, **engine_settings: Any) -> int:
     from server.app import InferenceServer
     from server.limits import ServerLimits
 
     server = InferenceServer(engine_factory(model, **engine_settings), host=host, port=port,
                              token=resolve_token(token), limits=ServerLimits(max_message_bytes=max_message_bytes),
-                             grace_s=grace_s, progress=_say, http_port=http_port)
+                             grace_s=grace_s, progress=_say, http_port=http_port, http_settings=http_settings)
     try:
         server.serve_until_signal()
     except OSError as exc:

@@ -33,12 +33,13 @@ from starlette.requests import ClientDisconnect
 
 from ninfer_jax.frontend.output_parser import THINK_OPEN, OutputStream
 from ninfer_jax.frontend.responses import ResponsesStore
-from server import anthropic_routes, http_ops
+from server import anthropic_routes, http_ops, responses_routes
 from server import openai_convert as oc
+from server.http_settings import HttpSettings
 from server.limits import ServerLimits
 from server.metrics import registry_for
 from server.running import RunningRequests
-from server.openai_schema import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+from server.openai_schema import ChatCompletionRequest, CompletionRequest
 from server.validate import WARMING_UP
 
 log = logging.getLogger("ninfer.http")
@@ -46,13 +47,14 @@ log = logging.getLogger("ninfer.http")
 
 class OpenAIFront(RunningRequests):
     def __init__(self, limits: ServerLimits | None = None, *, token: str | None = None,
-                 served_model_name: str | None = None, max_responses: int = 1024):
+                 settings: HttpSettings | None = None):
         super().__init__()
         self.limits = limits or ServerLimits()
+        self.settings = settings or HttpSettings()
         self.engine: Any = None
         self.token = token
-        self.served_model_name = served_model_name
-        self.store = ResponsesStore(max_responses)
+        self.served_model_name = self.settings.served_model_names[0] if self.settings.served_model_names else None
+        self.store = ResponsesStore(self.settings.max_responses)
         self.store_lock = threading.Lock()  # submissions render on worker threads
         self.created = int(time.time())
         self.registry = registry_for(lambda: self.engine)
@@ -329,6 +331,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
         return JSONResponse(exc.body(), status_code=exc.status)
 
     anthropic_routes.install(app, front, _submit)
+    responses_routes.install(app, front, _submit)
     http_ops.install(app, front, _submit)
 
     @app.exception_handler(StarletteHTTPException)
@@ -426,41 +429,6 @@ def build_app(front: OpenAIFront) -> FastAPI:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_text_stream(runs, front, rid, top, decode, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-    @app.post("/v1/responses")
-    async def responses(request: Request):
-        engine, req, max_context = await front.accept(request, ResponsesRequest)
-        if req.stream:
-            raise oc.unsupported("stream", "streamed Responses are not served yet; use /v1/chat/completions to stream")
-        oc.refuse_unserved(req)
-        tools = _submit(lambda: oc.responses_tools(req.tools))
-        structured = oc.responses_structured(req, tools)
-
-        def submit():
-            sampling = oc.sampling_of(req, max_tokens=req.max_output_tokens, logprobs=0, limits=front.limits,
-                                      max_context=max_context, structured=structured)
-            with front.store_lock:
-                rendered = engine.chat_frontend().render_responses(
-                    req.input, store=front.store, previous_response_id=req.previous_response_id,
-                    instructions=req.instructions, tools=tools, cache_markers=req.cache_markers)
-            handle = engine.submit_rendered(rendered.prompt, sampling=sampling, request_id=rid,
-                                            session=req.session or None)
-            return rendered, handle
-
-        rid = front.request_id(request, "resp")
-        rendered, handle = await asyncio.to_thread(_submit, submit)
-        think = (rendered.prompt.text or "").rstrip().endswith(THINK_OPEN)
-        q = front.relay(handle)
-        done = await front.completion(handle, q, request)
-        out = OutputStream(think_open=think, tool_calls=req.tool_choice != "none")
-        out.push(done.text)
-        parsed = out.parsed()
-        items = oc.response_output(parsed)
-        if req.store:  # SH-5: the next turn names this one by its id
-            with front.store_lock:
-                front.store.put(rid, input_items=rendered.raw_input, output_items=oc.stored_output(items),
-                                previous_response_id=req.previous_response_id)
-        return oc.response_object(rid, front.model_name, done, items, req)
 
     return app
 

@@ -168,7 +168,7 @@ def _structure(field: str, kind: str, spec: Any = None) -> tuple[str, Structured
         raise ApiError(400, f"{field}: {why}", param=field) from None
 
 
-def _response_format(field: str, fmt: Any, schema_of) -> tuple[str, StructuredOutput] | None:
+def format_choice(field: str, fmt: Any, schema_of) -> tuple[str, StructuredOutput] | None:
     """`response_format` (chat) or `text.format` (Responses): text (none), json_object, json_schema."""
     if fmt is None:
         return None
@@ -188,7 +188,7 @@ def _response_format(field: str, fmt: Any, schema_of) -> tuple[str, StructuredOu
     raise unsupported(field, f"type {kind!r} is not served (text, json_object, json_schema are)")
 
 
-def _tool_choice(field: str, choice: Any, tools: Sequence[dict] | None,
+def tool_choice_of(field: str, choice: Any, tools: Sequence[dict] | None,
                  name_of) -> tuple[str, StructuredOutput] | None:
     """"required" or a named function: the output is tool calls (engine/grammar.py tool_calls)."""
     if choice in (None, "auto", "none"):
@@ -240,9 +240,9 @@ def chat_request(req, limits: ServerLimits, max_context: int) -> tuple[dict, Sam
     """(keyword arguments of `submit_chat` without sampling, SamplingParams, top_logprobs)."""
     _common_refusals(req)
     structured = structured_of(
-        req, response_format=_response_format("response_format", req.response_format,
+        req, response_format=format_choice("response_format", req.response_format,
                                               lambda f: (f.get("json_schema") or {}).get("schema")),
-        tool_choice=_tool_choice("tool_choice", req.tool_choice, req.tools,
+        tool_choice=tool_choice_of("tool_choice", req.tool_choice, req.tools,
                                  lambda c: (c.get("function") or {}).get("name")))
     if req.max_tokens is not None and req.max_completion_tokens is not None \
             and req.max_tokens != req.max_completion_tokens:
@@ -294,32 +294,7 @@ def completion_request(req, limits: ServerLimits, max_context: int) -> tuple[str
     return prompt, sampling, top
 
 
-def responses_structured(req, tools: Sequence[dict] | None) -> StructuredOutput | None:
-    """A Responses request's structured output: `text.format` json_object / json_schema (its
-    schema at the top of the format object), `tool_choice` required or {"type": "function", "name"}."""
-    fmt = (req.text or {}).get("format") if isinstance(req.text, dict) else None
-    return structured_of(req, response_format=_response_format("text.format", fmt, lambda f: f.get("schema")),
-                         tool_choice=_tool_choice("tool_choice", req.tool_choice, tools,
-                                                  lambda c: c.get("name") or (c.get("function") or {}).get("name")))
-
-
-def responses_tools(tools: Sequence[dict] | None) -> list[dict] | None:
-    """Responses tools ({"type": "function", "name", "description", "parameters"}) as chat tools."""
-    if not tools:
-        return None
-    out = []
-    for k, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            raise unsupported(f"tools[{k}]", "only function tools are served")
-        if "function" in t:  # already in the chat shape
-            out.append(t)
-            continue
-        fn = {key: t[key] for key in ("name", "description", "parameters") if key in t}
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-# --- responses -----------------------------------------------------------------------------------
+# --- answers -------------------------------------------------------------------------------------
 def choice_samplings(sampling: SamplingParams, n: int) -> list[SamplingParams]:
     """The n choices' sampling: choice i draws with seed + i when a seed is set (so the choices
     differ and each is reproducible), else each with its own random seed."""
@@ -444,50 +419,3 @@ def text_chunk(rid: str, model: str, created: int, text: str, *, finish: str | N
                logprobs: dict | None = None, index: int = 0) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}]}
-
-
-def response_output(parsed) -> list[dict]:
-    """The output items of a Responses answer: reasoning, the message, then function calls."""
-    items: list[dict] = []
-    if parsed.reasoning_content is not None:
-        items.append({"type": "reasoning", "id": new_id("rs"),
-                      "summary": [{"type": "summary_text", "text": parsed.reasoning_content}]})
-    if parsed.content or not parsed.tool_calls:
-        items.append({"type": "message", "id": new_id("msg"), "status": "completed", "role": "assistant",
-                      "content": [{"type": "output_text", "text": parsed.content, "annotations": []}]})
-    for call in tool_calls_out(parsed.tool_calls):
-        items.append({"type": "function_call", "id": new_id("fc"), "call_id": call["id"],
-                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                      "status": "completed"})
-    return items
-
-
-def stored_output(items: Sequence[dict]) -> list[dict]:
-    """What the Responses store keeps of the output items (the frontend reads them back, SH-5)."""
-    out = []
-    for item in items:
-        if item["type"] == "message":
-            out.append({"type": "message", "role": "assistant",
-                        "content": "".join(p["text"] for p in item["content"])})
-        elif item["type"] == "function_call":
-            out.append({"type": "function_call", "call_id": item["call_id"], "name": item["name"],
-                        "arguments": item["arguments"]})
-        else:
-            out.append({"type": "reasoning", "summary": item["summary"]})
-    return out
-
-
-def response_object(rid: str, model: str, done: Completion, items: list[dict], req) -> dict:
-    u = done.usage
-    incomplete = done.finish_reason == "length"
-    return {"id": rid, "object": "response", "created_at": int(time.time()), "model": model,
-            "status": "incomplete" if incomplete else "completed",
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "error": None, "output": items, "previous_response_id": req.previous_response_id,
-            "instructions": req.instructions, "store": req.store, "parallel_tool_calls": True,
-            "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
-            "temperature": req.temperature, "top_p": req.top_p, "max_output_tokens": req.max_output_tokens,
-            "text": {"format": {"type": "text"}},
-            "usage": {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-                      "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                      "total_tokens": u.prompt_tokens + u.completion_tokens}}
