@@ -34,6 +34,8 @@ flags.DEFINE_integer("max_tokens", 32, "Tokens to generate.")
 flags.DEFINE_float("temperature", 0.0, "Sampling temperature in [0, 100]; 0 is greedy.")
 flags.DEFINE_integer("seed", 0, "Sampling seed in [0, 2**63).")
 flags.DEFINE_bool("json", False, "bench, trace, plan, lower: print one JSON object.")
+flags.DEFINE_string("chat_template", None, "Engine: a jinja file whose text replaces the tokenizer's chat template "
+                    "(chat, serve); read and compiled before the model loads.")
 flags.DEFINE_integer("max_concurrency", None, "Engine: requests decoded together (C, 1..8).")
 flags.DEFINE_integer("max_context", None, "Engine: longest prompt + generation, in tokens.")
 flags.DEFINE_integer("chunk_size", None, "Engine: prefill chunk length in tokens.")
@@ -101,7 +103,7 @@ def engine_settings() -> dict:
             "device_memory_fraction": FLAGS.device_memory_fraction, "branch_points": FLAGS.branch_points,
             "media_cache_bytes": FLAGS.media_cache_bytes, "allowed_local_media_path": FLAGS.allowed_local_media_path,
             "allow_media_urls": FLAGS.allow_media_urls or None, "max_input_pixels": FLAGS.max_input_pixels,
-            "max_input_frames": FLAGS.max_input_frames}
+            "max_input_frames": FLAGS.max_input_frames, "chat_template": FLAGS.chat_template}
 
 
 MEDIA_SETTINGS = {"media_cache_bytes": "cache_bytes", "allowed_local_media_path": "allowed_local_media_path",

@@ -23,7 +23,7 @@ SAMPLING = ("max_tokens", "temperature", "seed")
 MODEL = ("model", "dtype")
 ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_route", "speculative_tokens",
           "device_state_slots", "host_capacity_bytes", "branch_points", "device_memory_bytes", "device_memory_fraction",
-          "compilation_cache")
+          "compilation_cache", "chat_template")
 # Image and video input (a checkpoint with a vision tower).
 MEDIA = ("media_cache_bytes", "allowed_local_media_path", "allow_media_urls", "max_input_pixels", "max_input_frames")
 # What sizes the capacity plan (ninfer plan); the other engine flags are accepted and change nothing.
@@ -154,7 +154,7 @@ _METAVARS = {"model": "FOLDER", "prompt": "TEXT", "token_ids": "IDS", "server": 
              "split": "FRACTION", "split_sweep": "S1,S2,...", "platform": "cuda|rocm|cpu",
              "backend": "pallas|xla|interpret", "steps": "PREFIX,...", "image": "FILE",
              "media_cache_bytes": "BYTES", "allowed_local_media_path": "FOLDER", "max_input_pixels": "PIXELS",
-             "max_input_frames": "N"}
+             "max_input_frames": "N", "chat_template": "FILE"}
 
 
 def engine_default(name: str) -> str | None:
@@ -173,6 +173,8 @@ def engine_default(name: str) -> str | None:
         return "the device's own (memory_stats() bytes_limit), EngineConfig.device_memory_bytes"
     if name == "device_state_slots":
         return "max_concurrency, ContextCacheConfig.device_state_slots"
+    if name == "chat_template":
+        return "the tokenizer's own template"
     if name == "media_cache_bytes":
         from ninfer_jax.config import DEFAULT_MEDIA_CACHE_BYTES
 

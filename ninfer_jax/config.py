@@ -121,6 +121,9 @@ class EngineConfig:
     # verified by the main model in one step (0: off, 1..4). Needs mtp_num_hidden_layers > 0.
     speculative_tokens: int = 0
     media: MediaConfig = dataclasses.field(default_factory=MediaConfig)  # image and video input
+    # A jinja file whose text replaces the tokenizer's chat template (chat, the HTTP routes, gRPC
+    # Chat); read and compiled before any weight loads (engine/intake.py read_chat_template).
+    chat_template: str | None = None
 
     def __post_init__(self):
         _refuse_bools(self)
@@ -157,6 +160,8 @@ class EngineConfig:
             raise ConfigError("context_cache", "must be a ContextCacheConfig")
         if not isinstance(self.media, MediaConfig):
             raise ConfigError("media", "must be a MediaConfig")
+        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
+            raise ConfigError("chat_template", f"must be a file path, got {self.chat_template!r}")
 
     @functools.cached_property
     def resolved_dtype(self) -> str:

@@ -341,9 +341,10 @@ def refuse_unserved(req) -> None:
             raise _bad(name, UNSERVED[name][1])
 
 
-def sampling_of(req, chat: dict, limits, max_context: int):
+def sampling_of(req, chat: dict, limits, max_context: int, defaults=None):
     """SamplingParams of a Messages body: its sampling fields, stop sequences, max_tokens and the
-    structured output its tool_choice asks for (any / tool)."""
+    structured output its tool_choice asks for (any / tool); `defaults` for the sampling fields it
+    leaves unset (the checkpoint's generation_config.json, `oc.sampling_of`)."""
     found = [f for f in (_output_format(getattr(req, "output_config", None)),
                          oc.tool_choice_of("tool_choice", chat["tool_choice"], chat["tools"],
                                          lambda c: (c.get("function") or {}).get("name"))
@@ -352,7 +353,7 @@ def sampling_of(req, chat: dict, limits, max_context: int):
         raise _bad("output_config.format", "one structured output per request: not with tool_choice any or tool")
     structured = found[0][1] if found else None
     return oc.sampling_of(_Sampling(req, structured), max_tokens=req.max_tokens, logprobs=0, limits=limits,
-                          max_context=max_context, structured=structured)
+                          max_context=max_context, structured=structured, defaults=defaults)
 
 
 # --- responses -----------------------------------------------------------------------------------

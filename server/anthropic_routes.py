@@ -60,7 +60,8 @@ def install(app: FastAPI, front, submit: Callable[[Callable[[], Any]], Any]) -> 
             engine, req = await accept(request, ac.MessagesRequest)
             chat = ac.chat_of(req)
             max_context = int(engine.model_info()["max_context"])
-            sampling = submit(lambda: ac.sampling_of(req, chat, front.limits, max_context))
+            sampling = submit(lambda: ac.sampling_of(req, chat, front.limits, max_context,
+                                                     front.generation_defaults))
             rendered = await asyncio.to_thread(submit, lambda: render(engine, chat))
             mid = front.request_id(request, "msg", ac.new_id)
             handle = await asyncio.to_thread(submit, lambda: engine.submit_rendered(
@@ -76,8 +77,8 @@ def install(app: FastAPI, front, submit: Callable[[Callable[[], Any]], Any]) -> 
                 return error_response(exc)
             out = OutputStream(think_open=think, tool_calls=chat["read_calls"])
             out.push(done.text)
-            return ac.message(mid, front.model_name, done, out.parsed(), chat["omit_thinking"])
-        return StreamingResponse(_stream(handle, q, mid, front.model_name, len(rendered.token_ids), think,
+            return ac.message(mid, req.model, done, out.parsed(), chat["omit_thinking"])
+        return StreamingResponse(_stream(handle, q, mid, req.model, len(rendered.token_ids), think,
                                          chat["read_calls"], chat["omit_thinking"]),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 

@@ -26,11 +26,19 @@ from grpc_reflection.v1alpha import reflection
 from server.auth import BearerTokenInterceptor
 from server.limits import ServerLimits
 from server.proto import ninfer_pb2, ninfer_pb2_grpc
-from server.servicer import NInferServicer
+from server.servicer import NInferServicer, generation_defaults
 
 log = logging.getLogger("ninfer.server")
 SERVICE_NAME = ninfer_pb2.DESCRIPTOR.services_by_name["NInfer"].full_name  # "ninfer.v1.NInfer"
 HEALTH_NAMES = ("", SERVICE_NAME)
+
+
+def defaults_line(defaults: dict) -> str:
+    """The start line saying which sampling defaults a request's unset fields get."""
+    if not defaults:
+        return "sampling defaults: SamplingParams' own (no generation_config.json defaults)"
+    given = ", ".join(f"{k}={v}" for k, v in defaults.items())
+    return f"sampling defaults from generation_config.json (for fields a request leaves unset): {given}"
 
 
 def bind_address(host: str, port: int) -> str:
@@ -133,6 +141,7 @@ class InferenceServer:
         if self.http is not None:
             where.append(f"http://{self.http.address}")
         self._progress(f"serving {engine.model_info().get('name', '?')} on {' and '.join(where)} (health SERVING)")
+        self._progress(defaults_line(generation_defaults(engine)))
 
     @property
     def engine_failure(self) -> BaseException | None:
@@ -168,6 +177,7 @@ class InferenceServer:
                 self._server.stop(grace=1.0).wait(10.0)
             if self.http is not None:
                 self.http.stop()
+                self.http.front.close()
             if self.engine is not None and self._close_engine:
                 self.engine.close()
             self._stopped.set()

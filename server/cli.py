@@ -58,17 +58,26 @@ HTTP_SETTINGS = ("served_model_name", "cors_origins", "access_log", "request_log
 
 
 def http_settings():
-    """The HTTP API's settings from the flags (a ValueError names a bad one)."""
+    """The HTTP API's settings from the flags (a ValueError names a bad one; a --request_log file
+    that cannot be opened for appending is refused here, before the model loads)."""
     from server.http_settings import HttpSettings
+    from server.request_log import check_writable
 
     try:
-        return HttpSettings(served_model_names=tuple(FLAGS.served_model_name or ()),
-                            cors_origins=tuple(o.strip() for o in FLAGS.cors_origins if o.strip()),
-                            access_log=FLAGS.access_log, request_log=FLAGS.request_log,
-                            max_responses=FLAGS.max_responses, responses_max_bytes=FLAGS.responses_max_bytes,
-                            responses_ttl_s=FLAGS.responses_ttl_s, responses_store=FLAGS.responses_store)
+        settings = HttpSettings(served_model_names=tuple(FLAGS.served_model_name or ()),
+                                cors_origins=tuple(o.strip() for o in FLAGS.cors_origins if o.strip()),
+                                access_log=FLAGS.access_log, request_log=FLAGS.request_log,
+                                max_responses=FLAGS.max_responses, responses_max_bytes=FLAGS.responses_max_bytes,
+                                responses_ttl_s=FLAGS.responses_ttl_s, responses_store=FLAGS.responses_store)
     except ValueError as exc:
         raise cli.UsageError(str(exc)) from None
+    if settings.request_log is not None:
+        try:
+            check_writable(settings.request_log)
+        except OSError as exc:
+            raise cli.UsageError(f"request_log: cannot open {settings.request_log!r} for appending: "
+                                 f"{exc.strerror or exc}") from None
+    return settings
 
 REMOTE = ("server", "token", "timeout", "wait_s")
 SERVE = cli_help.Command(
@@ -100,6 +109,10 @@ def cmd_serve(args: list[str]) -> int:
 
             preflight(cli_flags.engine_config_from_flags())
             cli.enable_compilation_cache()
+        elif FLAGS.chat_template is not None:  # the fake renders with it too
+            from ninfer_jax.engine.intake import read_chat_template
+
+            read_chat_template(FLAGS.chat_template)
     except cli.usage_errors() as e:
         return cli.refuse("serve", e)
     from server.cli_commands import serve

@@ -59,7 +59,7 @@ def engine_factory(model: str, **settings: Any) -> Callable[[], Any]:
         def build_fake():
             from server.fake_engine import FakeEngine
 
-            keep = {k: settings[k] for k in ("max_concurrency", "max_context") if k in settings}
+            keep = {k: settings[k] for k in ("max_concurrency", "max_context", "chat_template") if k in settings}
             return FakeEngine(model=model, **keep, **fake_options(model))
 
         return build_fake
@@ -73,14 +73,35 @@ def engine_factory(model: str, **settings: Any) -> Callable[[], Any]:
     return build
 
 
+def log_access_to_stderr() -> None:
+    """The HTTP access log (logger "ninfer.http.access", one line per request) on stderr, each
+    line `[ninfer] TIME LINE`, apart from absl's own log handler; idempotent."""
+    import logging
+
+    logger = logging.getLogger("ninfer.http.access")
+    if not any(getattr(h, "ninfer_access", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.ninfer_access = True
+        handler.setFormatter(logging.Formatter("[ninfer] %(asctime)s.%(msecs)03d %(message)s", "%Y-%m-%dT%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def serve(*, model: str, host: str, port: int | None, token: str | None, grace_s: float, max_message_bytes: int,
           http_port: int | None = None, http_settings: Any = None, **engine_settings: Any) -> int:
     from server.app import InferenceServer
     from server.limits import ServerLimits
 
-    server = InferenceServer(engine_factory(model, **engine_settings), host=host, port=port,
-                             token=resolve_token(token), limits=ServerLimits(max_message_bytes=max_message_bytes),
-                             grace_s=grace_s, progress=_say, http_port=http_port, http_settings=http_settings)
+    if http_port is not None and (http_settings is None or http_settings.access_log):
+        log_access_to_stderr()
+    try:
+        server = InferenceServer(engine_factory(model, **engine_settings), host=host, port=port,
+                                 token=resolve_token(token), limits=ServerLimits(max_message_bytes=max_message_bytes),
+                                 grace_s=grace_s, progress=_say, http_port=http_port, http_settings=http_settings)
+    except OSError as exc:  # the request log's file, opened before the model loads
+        _say(f"serve: {exc}")
+        return 1
     try:
         server.serve_until_signal()
     except OSError as exc:

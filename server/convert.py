@@ -6,7 +6,7 @@ so the frontend does all chat validation); engine outputs become stream messages
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from ninfer_jax.engine.grammar import StructuredOutput
 from ninfer_jax.engine.types import Completion, SamplingParams, TokenDelta, TokenLogprob
@@ -28,10 +28,15 @@ _EPHEMERAL = {"type": "ephemeral"}
 
 
 # --- requests ------------------------------------------------------------------------------------
-def sampling_from_proto(msg: pb.SamplingParams, limits: ServerLimits, max_context: int) -> SamplingParams | None:
-    """Only the fields the caller set; None when none is (the engine's defaults apply).
-    Raises RequestError (from SamplingParams) or BadRequest (server limits)."""
-    fields: dict[str, Any] = {name: getattr(msg, name) for name in _OPTIONAL_SAMPLING if msg.HasField(name)}
+def sampling_from_proto(msg: pb.SamplingParams, limits: ServerLimits, max_context: int,
+                        defaults: Mapping[str, Any] | None = None) -> SamplingParams | None:
+    """The fields the caller set; for the unset ones `defaults` (the checkpoint's
+    generation_config.json: every field is `optional`, so unset is told from a set 0), else the
+    engine's own. None when nothing is set and there are no defaults. Raises RequestError (from
+    SamplingParams) or BadRequest (server limits)."""
+    fields: dict[str, Any] = {name: value for name, value in (defaults or {}).items()
+                              if not msg.HasField(name)}
+    fields.update({name: getattr(msg, name) for name in _OPTIONAL_SAMPLING if msg.HasField(name)})
     if msg.stop:
         fields["stop"] = tuple(msg.stop)
     if msg.stop_token_ids:

@@ -38,6 +38,9 @@ class FakeHandle:
         self.tokens: list[int] = []
         self.shown = ""
         self.cancel_requested = False
+        self.t_submit = time.monotonic()
+        self.t_admitted: float | None = None
+        self.t_first: float | None = None
         self._deltas: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._completion: Completion | None = None
@@ -67,8 +70,18 @@ class FakeHandle:
 class FakeEngine:
     def __init__(self, *, max_concurrency: int = 4, max_context: int = 256, max_queue: int = 1024,
                  step_s: float = 0.001, warmup_s: float = 0.0, min_len: int = 4, max_len: int = 24,
-                 model: str = "fake:tiny"):
+                 model: str = "fake:tiny", generation_defaults: dict | None = None, chat_template: str | None = None):
+        """`generation_defaults`: what `generation_defaults()` reports (a checkpoint's
+        generation_config.json sampling defaults; none by default); `chat_template`: a jinja file
+        replacing the built-in template (`--chat_template`)."""
         self.tokenizer = Tokenizer.builtin()
+        if chat_template is not None:
+            from ninfer_jax.engine.intake import read_chat_template
+
+            self.tokenizer.chat_template = read_chat_template(chat_template)
+        self._generation_defaults = dict(generation_defaults or {})
+        if self._generation_defaults:
+            SamplingParams(**self._generation_defaults)  # refused at construction, as the engine's load does
         self.frontend = ChatFrontend(self.tokenizer, max_input_tokens=max_context)
         self.max_concurrency = max_concurrency
         self.max_context = max_context
@@ -135,6 +148,9 @@ class FakeEngine:
     def chat(self, messages, tools=None, session=None, cache_markers=None, sampling=None) -> Completion:
         return self.submit_chat(messages, tools=tools, session=session, cache_markers=cache_markers,
                                 sampling=sampling).result()
+
+    def generation_defaults(self) -> dict:
+        return dict(self._generation_defaults)
 
     def model_info(self) -> dict:
         return {"name": self.model, "model_type": "fake", "vocab_size": self.tokenizer.vocab_size,
@@ -210,10 +226,12 @@ class FakeEngine:
         if reason in ("stop", "length"):
             self._history.append(h.prompt + tuple(h.tokens))
         self._stats[f"finished_{reason}"] += 1
+        since = (lambda t: None if t is None else t - h.t_submit)
         h._completion = Completion(
             request_id=h.request_id, prompt_token_ids=h.prompt, token_ids=tuple(h.tokens), text=h.shown,
             finish_reason=reason, usage=Usage(len(h.prompt), h.cached, len(h.tokens)),
-            error=error if reason == "error" else None)
+            error=error if reason == "error" else None, ttft_s=since(h.t_first), admitted_s=since(h.t_admitted),
+            completion_s=since(time.monotonic()))
         h._done.set()
         h._deltas.put(_END)
 
@@ -226,6 +244,7 @@ class FakeEngine:
                     return
                 while self._waiting and len(self._running) < self.max_concurrency:
                     self._running.append(self._waiting.popleft())
+                    self._running[-1].t_admitted = time.monotonic()
                     self._slots_used += 1
                 if not self._running:
                     self._lock.wait(0.05)
@@ -241,6 +260,8 @@ class FakeEngine:
             return
         token = self._token(h, len(h.tokens))
         h.tokens.append(token)
+        if h.t_first is None:
+            h.t_first = time.monotonic()
         self._stats["generated_tokens"] += 1
         text = self.tokenizer.decode(h.tokens, skip_special_tokens=True)
         piece, h.shown = text[len(h.shown):], text

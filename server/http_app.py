@@ -22,6 +22,7 @@ import logging
 import re
 import threading
 import time
+import weakref
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
@@ -38,6 +39,7 @@ from server import openai_convert as oc
 from server.http_settings import HttpSettings
 from server.limits import ServerLimits
 from server.metrics import registry_for
+from server.request_log import RequestLog
 from server.running import RunningRequests
 from server.openai_schema import ChatCompletionRequest, CompletionRequest
 from server.validate import WARMING_UP
@@ -53,22 +55,39 @@ class OpenAIFront(RunningRequests):
         self.settings = settings or HttpSettings()
         self.engine: Any = None
         self.token = token
-        self.served_model_name = self.settings.served_model_names[0] if self.settings.served_model_names else None
-        self.store = ResponsesStore(self.settings.max_responses)
+        self.generation_defaults: dict = {}  # the checkpoint's sampling defaults, set by `attach`
+        # Each HTTP request's Traffic by request id, for the relay threads (gone with the request)
+        self._traffic: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.request_log = RequestLog(self.settings.request_log) if self.settings.request_log else None
+        self.store = ResponsesStore(self.settings.max_responses, max_bytes=self.settings.responses_max_bytes,
+                                    ttl_s=self.settings.responses_ttl_s, directory=self.settings.responses_store)
         self.store_lock = threading.Lock()  # submissions render on worker threads
         self.created = int(time.time())
         self.registry = registry_for(lambda: self.engine)
 
     # --- lifecycle (called by server.app.InferenceServer) -------------------------------------
     def attach(self, engine: Any) -> None:
+        get = getattr(engine, "generation_defaults", None)
+        self.generation_defaults = dict(get()) if get is not None else {}
         self.engine = engine
+
+    def close(self) -> None:
+        """The request log's file (after the last request ended)."""
+        if self.request_log is not None:
+            self.request_log.close()
 
     # --- shared checks ------------------------------------------------------------------------
     @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names a request's `model` may give (`--served_model_name`, else the model's own)."""
+        if self.settings.served_model_names:
+            return self.settings.served_model_names
+        return (str(self.engine.model_info().get("name", "")),) if self.engine is not None else ()
+
+    @property
     def model_name(self) -> str:
-        if self.served_model_name:
-            return self.served_model_name
-        return str(self.engine.model_info().get("name", "")) if self.engine is not None else ""
+        """The first served name (the one an answer reports when no request named one)."""
+        return next(iter(self.model_names), "")
 
     def authorize(self, request: Request) -> None:
         """The bearer token (`Authorization: Bearer <token>`) or, as Anthropic's clients send it,
@@ -129,11 +148,17 @@ class OpenAIFront(RunningRequests):
                               param="X-Request-Id")
         rid = given or new(prefix)
         request.state.request_id = rid
+        traffic = getattr(request.state, "traffic", None)  # AccessLog's; else one for the request log
+        if traffic is None:
+            traffic = request.state.traffic = http_ops.Traffic(request.url.path)
+        traffic.request_id = rid
+        self._traffic[rid] = traffic  # the relay of the engine request of this id finds it
         return rid
 
     def check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise oc.ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+        if name not in self.model_names:
+            served = ", ".join(map(repr, self.model_names))
+            raise oc.ApiError(404, f"the model {name!r} does not exist; this server serves {served}",
                               param="model", code="model_not_found")
 
     async def json_body(self, request: Request) -> dict:
@@ -168,12 +193,15 @@ class OpenAIFront(RunningRequests):
         return data
 
     # --- running a request --------------------------------------------------------------------
-    def relay(self, handle, started: asyncio.Event | None = None) -> asyncio.Queue:
+    def relay(self, handle, started: asyncio.Event | None = None, traffic=None) -> asyncio.Queue:
         """A queue of ("delta", TokenDelta) items then one ("done", Completion) or ("error", exc),
         fed by a thread that reads the handle (the engine's deltas never wait for the loop).
-        `started` is set at the first item (the prompt is prefilled, or the request ended)."""
+        `started` is set at the first item (the prompt is prefilled, or the request ended). The
+        thread records the first token and the Completion in the HTTP request's `traffic`
+        (default: the one registered under the handle's id) and the request log (`finished`)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
+        traffic = traffic if traffic is not None else self._traffic.get(handle.request_id)
         with self._idle:
             self._active.add(handle)
 
@@ -185,8 +213,12 @@ class OpenAIFront(RunningRequests):
         def run():
             try:
                 for delta in handle.stream():
+                    if traffic is not None and delta.token_ids:
+                        traffic.token()
                     loop.call_soon_threadsafe(put, ("delta", delta))
-                loop.call_soon_threadsafe(put, ("done", handle.result()))
+                done = handle.result()
+                self.finished(done, traffic)
+                loop.call_soon_threadsafe(put, ("done", done))
             except BaseException as exc:  # noqa: BLE001 - handed to the request's coroutine
                 try:
                     loop.call_soon_threadsafe(put, ("error", exc))
@@ -199,6 +231,18 @@ class OpenAIFront(RunningRequests):
 
         threading.Thread(target=run, name=f"ninfer-http-{handle.request_id}", daemon=True).start()
         return q
+
+    def finished(self, done, traffic) -> None:
+        """An engine request ended (on its relay thread, before its route sees the end): into
+        its HTTP request's traffic (the access log) and the request log."""
+        if traffic is not None:
+            traffic.dones.append(done)
+        try:
+            if self.request_log is not None:
+                self.request_log.write(done, http_request_id=getattr(traffic, "request_id", None),
+                                       path=getattr(traffic, "path", None))
+        except Exception:  # noqa: BLE001 - the log never fails a request
+            log.exception("request log: no line for %s", done.request_id)
 
     async def wait_done(self, handle, q: asyncio.Queue, request: Request) -> tuple[list, Any]:
         """Every delta and the completion; cancels the request the moment its client leaves (a
@@ -258,7 +302,8 @@ class OpenAIFront(RunningRequests):
             for i in range(n):
                 handle = await asyncio.to_thread(_submit, lambda: submit_one(i))
                 started = asyncio.Event() if i == 0 and n > 1 else None
-                runs.append((handle, self.relay(handle, started)))
+                traffic = self._traffic.get(runs[0][0].request_id) if runs else None  # choices: the first's
+                runs.append((handle, self.relay(handle, started, traffic)))
                 if started is not None:
                     await started.wait()
         except BaseException:
@@ -322,7 +367,7 @@ def check_json(data) -> None:
 
 def build_app(front: OpenAIFront) -> FastAPI:
     app = FastAPI(title="NInfer-JAX OpenAI-compatible API", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(http_ops.RequestIds)
+    http_ops.install_middleware(app, front.settings)
 
     @app.exception_handler(oc.ApiError)
     async def _api_error(request: Request, exc: oc.ApiError):
@@ -346,7 +391,7 @@ def build_app(front: OpenAIFront) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        log.exception("internal error in an HTTP request", exc_info=exc)
+        log.exception("internal error in HTTP request %s", getattr(request.state, "request_id", "-"), exc_info=exc)
         err = oc.api_error(exc)
         if request.url.path.startswith(anthropic_routes.PREFIX):
             return anthropic_routes.error_response(err)
@@ -370,14 +415,13 @@ def build_app(front: OpenAIFront) -> FastAPI:
     async def models(request: Request):
         front.authorize(request)
         engine = front.ready_engine()
-        info = engine.model_info()
-        return {"object": "list", "data": [{"id": front.model_name, "object": "model", "created": front.created,
-                                            "owned_by": "ninfer", "max_model_len": int(info.get("max_context", 0))}]}
+        return {"object": "list", "data": [http_ops.model_card(front, name, engine) for name in front.model_names]}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         engine, req, max_context = await front.accept(request, ChatCompletionRequest)
-        kwargs, sampling, top = _submit(lambda: oc.chat_request(req, front.limits, max_context))
+        kwargs, sampling, top = _submit(lambda: oc.chat_request(req, front.limits, max_context,
+                                                               front.generation_defaults))
         rid = front.request_id(request, "chatcmpl")
 
         def render():
@@ -407,15 +451,16 @@ def build_app(front: OpenAIFront) -> FastAPI:
                 out = OutputStream(think_open=think, tool_calls=parse_tools)
                 out.push(done.text)
                 parsed.append(out.parsed())
-            return oc.chat_completion(rid, front.model_name, dones, parsed, top, decode)
+            return oc.chat_completion(rid, req.model, dones, parsed, top, decode)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_chat_stream(runs, front, rid, think, parse_tools, top, decode, include_usage),
+        return StreamingResponse(_chat_stream(runs, req.model, rid, think, parse_tools, top, decode, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         engine, req, max_context = await front.accept(request, CompletionRequest)
-        prompt, sampling, top = _submit(lambda: oc.completion_request(req, front.limits, max_context))
+        prompt, sampling, top = _submit(lambda: oc.completion_request(req, front.limits, max_context,
+                                                                     front.generation_defaults))
         rid = front.request_id(request, "cmpl")
         saves = {k: v for k, v in (("session", req.session), ("anchors", req.anchors), ("markers", req.markers),
                                    ("recovery_point", req.recovery_point)) if v}
@@ -425,9 +470,9 @@ def build_app(front: OpenAIFront) -> FastAPI:
         decode = getattr(engine, "tokenizer_decode", None)
         if not req.stream:
             dones = await front.completions(runs, request)
-            return oc.text_completion(rid, front.model_name, dones, top, decode)
+            return oc.text_completion(rid, req.model, dones, top, decode)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_text_stream(runs, front, rid, top, decode, include_usage),
+        return StreamingResponse(_text_stream(runs, req.model, rid, top, decode, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     return app
@@ -472,10 +517,10 @@ def _cancelling(stream):
 
 
 @_cancelling
-async def _chat_stream(runs, front, rid, think, parse_tools, top, decode, include_usage):
+async def _chat_stream(runs, model, rid, think, parse_tools, top, decode, include_usage):
     """The choices' chunks as they come (each names its choice's index), a finish chunk per choice,
-    then the usage of all (n) and [DONE]."""
-    model, created = front.model_name, int(time.time())
+    then the usage of all (n) and [DONE]; `model`: the name the request gave."""
+    created = int(time.time())
     outs = [OutputStream(think_open=think, tool_calls=parse_tools) for _ in runs]
     dones: list = [None] * len(runs)
     for i in range(len(runs)):
@@ -516,8 +561,8 @@ async def _chat_stream(runs, front, rid, think, parse_tools, top, decode, includ
 
 
 @_cancelling
-async def _text_stream(runs, front, rid, top, decode, include_usage):
-    model, created = front.model_name, int(time.time())
+async def _text_stream(runs, model, rid, top, decode, include_usage):
+    created = int(time.time())
     offsets = [0] * len(runs)
     dones: list = [None] * len(runs)
     async for i, kind, item in _merged(runs):

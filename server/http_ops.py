@@ -1,18 +1,116 @@
-"""Operations endpoints and request ids of the HTTP server (issue 37), beside http_app.py's API
-routes: `GET /v1/models/{id}`, vLLM's `POST /tokenize` and `/detokenize`, and `RequestIds`, the
-middleware that puts every answer's `X-Request-Id` on it (docs/http.md, Request ids)."""
+"""Operations of the HTTP server (issue 37), beside http_app.py's API routes: `GET /v1/models/{id}`,
+vLLM's `POST /tokenize` and `/detokenize`; the middleware (`install_middleware`): `RequestIds`,
+which puts every answer's `X-Request-Id` on it, `AccessLog`, one line per request on the logger
+"ninfer.http.access", and Starlette's CORS middleware with `--cors_origins`; and `Traffic`, what
+one HTTP request's generations did, which the relay fills in (docs/http.md, Operations).
+
+The middleware is pure ASGI (each only wraps `send`), so a route still sees its client's
+disconnect. Order, outermost first: AccessLog (it sees the final status and id), RequestIds (a
+CORS preflight gets an id too), CORS."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
+import time
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
+from starlette.middleware.cors import CORSMiddleware
 
 from server import openai_convert as oc
 from server.openai_schema import DetokenizeRequest, TokenizeRequest
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+ACCESS = logging.getLogger("ninfer.http.access")
+CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
+
+
+class Traffic:
+    """One HTTP request's generations: when it came in, when its first token came out of the
+    engine, and the Completion of each engine request it ran (n choices: several). Kept in the
+    request's ASGI state (`state["traffic"]`); the front finds it by request id from the relay
+    threads (`OpenAIFront.relay`), which fill it in before the route sees the end."""
+
+    __slots__ = ("path", "started", "first_token", "dones", "request_id", "__weakref__")
+
+    def __init__(self, path: str, started: float | None = None):
+        self.path = path
+        self.started = time.monotonic() if started is None else started
+        self.first_token: float | None = None
+        self.dones: list = []
+        self.request_id: str | None = None
+
+    def token(self) -> None:
+        if self.first_token is None:
+            self.first_token = time.monotonic()
+
+    def summary(self) -> str:
+        """The access log's generation fields: tokens summed over the engine requests, and TTFT
+        (request arrival -> its first token out of the engine); "" when nothing generated."""
+        out = []
+        if self.dones:
+            us = [d.usage for d in self.dones]
+            out.append(f"prompt_tokens={sum(u.prompt_tokens for u in us)} "
+                       f"cached_tokens={sum(u.cached_tokens for u in us)} "
+                       f"completion_tokens={sum(u.completion_tokens for u in us)}")
+        if self.first_token is not None:
+            out.append(f"ttft_s={self.first_token - self.started:.4f}")
+        return " ".join(out)
+
+
+class AccessLog:
+    """ASGI middleware: one line per HTTP request on the logger "ninfer.http.access" (INFO) when
+    its answer has ended — a stream when its last chunk went out, or the client left:
+
+        127.0.0.1:51234 "POST /v1/chat/completions" 200 id=chatcmpl-... prompt_tokens=40 \
+            cached_tokens=32 completion_tokens=16 ttft_s=0.0123 duration_s=0.1540
+
+    The generation fields are there when the request ran one (`Traffic.summary`)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        traffic = Traffic(scope.get("path", ""))
+        scope.setdefault("state", {})["traffic"] = traffic
+        answer: dict = {}
+
+        async def send_logged(message):
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+                answer["id"] = next((v.decode("latin-1") for k, v in message.get("headers", ())
+                                     if k.lower() == b"x-request-id"), None)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_logged)
+        finally:
+            if ACCESS.isEnabledFor(logging.INFO):
+                rid = answer.get("id") or scope["state"].get("request_id")  # an error no answer went out for
+                ACCESS.info(access_line(scope, answer.get("status", 500), rid, traffic))
+
+
+def access_line(scope, status: int, request_id: str | None, traffic: Traffic) -> str:
+    client = scope.get("client")
+    where = f"{client[0]}:{client[1]}" if client else "-"
+    fields = [where, f'"{scope.get("method", "-")} {scope.get("path", "")}"', str(status), f"id={request_id or '-'}",
+              traffic.summary(), f"duration_s={time.monotonic() - traffic.started:.4f}"]
+    return " ".join(f for f in fields if f)
+
+
+def install_middleware(app: FastAPI, settings) -> None:
+    """RequestIds always; AccessLog unless `settings.access_log` is off; CORS with
+    `settings.cors_origins` (none: no CORS headers at all). A CORS preflight (OPTIONS with
+    Origin and Access-Control-Request-Method) is answered by the CORS middleware: no token."""
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=list(CORS_METHODS), allow_headers=["*"], expose_headers=["X-Request-Id"])
+    app.add_middleware(RequestIds)  # add_middleware puts each outside the ones before it
+    if settings.access_log:
+        app.add_middleware(AccessLog)
 
 
 class RequestIds:
@@ -51,6 +149,12 @@ async def _aux_request(front, request: Request, model_cls):
     return engine, req
 
 
+def model_card(front, name: str, engine) -> dict:
+    """One entry of `GET /v1/models` (and `/v1/models/{id}`): a served name."""
+    return {"id": name, "object": "model", "created": front.created, "owned_by": "ninfer",
+            "max_model_len": int(engine.model_info().get("max_context", 0))}
+
+
 def install(app: FastAPI, front, submit: Callable[[Callable[[], Any]], Any]) -> None:
     """Add the operations routes to `app` (`front`: the OpenAIFront; `submit`: http_app's wrapper
     that turns a refusal into its API error)."""
@@ -59,11 +163,8 @@ def install(app: FastAPI, front, submit: Callable[[Callable[[], Any]], Any]) -> 
     async def model(model_id: str, request: Request):
         front.authorize(request)
         engine = front.ready_engine()
-        if model_id != front.model_name:
-            raise oc.ApiError(404, f"the model {model_id!r} does not exist; this server serves {front.model_name!r}",
-                              param="model", code="model_not_found")
-        return {"id": front.model_name, "object": "model", "created": front.created, "owned_by": "ninfer",
-                "max_model_len": int(engine.model_info().get("max_context", 0))}
+        front.check_model(model_id)
+        return model_card(front, model_id, engine)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

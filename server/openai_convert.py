@@ -11,7 +11,7 @@ import dataclasses
 import json
 import time
 import uuid
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ninfer_jax.engine.grammar import StructuredOutput
 from ninfer_jax.engine.types import Completion, SamplingParams, TokenLogprob
@@ -132,13 +132,17 @@ def _neutral(value, neutral: tuple) -> bool:
 
 
 def sampling_of(req, *, max_tokens: int | None, logprobs: int, limits: ServerLimits, max_context: int,
-                seed: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
-    """SamplingParams from the fields a request set (the engine's defaults for the rest).
-    RequestError (SamplingParams' own checks) or BadRequest (server limits) on bad values."""
+                seed: int | None = None, structured: StructuredOutput | None = None,
+                defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+    """SamplingParams from the fields a request set; for the rest `defaults` (the checkpoint's
+    generation_config.json: `engine.generation_defaults()`), else the engine's own. RequestError
+    (SamplingParams' own checks) or BadRequest (server limits) on bad values."""
     fields: dict[str, Any] = {"structured_output": structured} if structured is not None else {}
     for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                  "repetition_penalty", "ignore_eos", "min_tokens", "include_stop_str_in_output", "prompt_logprobs"):
         value = getattr(req, name, None)
+        if value is None and defaults:
+            value = defaults.get(name)
         if value is not None:
             fields[name] = value
     if getattr(req, "stop_token_ids", None):
@@ -236,8 +240,10 @@ def structured_of(req, *, response_format=None, tool_choice=None) -> StructuredO
     return found[0][1] if found else None
 
 
-def chat_request(req, limits: ServerLimits, max_context: int) -> tuple[dict, SamplingParams, int | None]:
-    """(keyword arguments of `submit_chat` without sampling, SamplingParams, top_logprobs)."""
+def chat_request(req, limits: ServerLimits, max_context: int,
+                 defaults: Mapping[str, Any] | None = None) -> tuple[dict, SamplingParams, int | None]:
+    """(keyword arguments of `submit_chat` without sampling, SamplingParams, top_logprobs);
+    `defaults`: the sampling defaults of the fields the request leaves unset (`sampling_of`)."""
     _common_refusals(req)
     structured = structured_of(
         req, response_format=format_choice("response_format", req.response_format,
@@ -262,14 +268,15 @@ def chat_request(req, limits: ServerLimits, max_context: int) -> tuple[dict, Sam
             limits.check_count(len(content), limits.max_parts, f"messages[{i}].content")
     limits.check_count(len(req.tools or ()), limits.max_tools, "tools")
     sampling = sampling_of(req, max_tokens=max_tokens, logprobs=max(top or 0, 1) if top is not None else 0,
-                           limits=limits, max_context=max_context, structured=structured)
+                           limits=limits, max_context=max_context, structured=structured, defaults=defaults)
     kwargs = {"messages": req.messages, "tools": req.tools or None, "session": req.session or None,
               "cache_markers": req.cache_markers or None, "anchors": req.anchors or None,
               "template_kwargs": req.chat_template_kwargs or None}
     return kwargs, sampling, top
 
 
-def completion_request(req, limits: ServerLimits, max_context: int) -> tuple[str | list[int], SamplingParams, int | None]:
+def completion_request(req, limits: ServerLimits, max_context: int,
+                       defaults: Mapping[str, Any] | None = None) -> tuple[str | list[int], SamplingParams, int | None]:
     _common_refusals(req)
     if req.echo:
         raise unsupported("echo", "not supported by this engine")
@@ -290,7 +297,7 @@ def completion_request(req, limits: ServerLimits, max_context: int) -> tuple[str
     if top is not None and not 0 <= top <= 20:
         raise ApiError(400, f"logprobs: must lie in [0, 20], got {top}", param="logprobs")
     sampling = sampling_of(req, max_tokens=req.max_tokens, logprobs=max(top, 1) if top is not None else 0,
-                           limits=limits, max_context=max_context, structured=structured_of(req))
+                           limits=limits, max_context=max_context, structured=structured_of(req), defaults=defaults)
     return prompt, sampling, top
 
 

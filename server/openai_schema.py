@@ -83,7 +83,16 @@ class CompletionRequest(_Sampling):
     markers: Optional[list[int]] = None
 
 
+class ResponsesReasoning(_Body):
+    effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = None
+    summary: Optional[Literal["auto", "concise", "detailed"]] = None
+
+
 class ResponsesRequest(_Body):
+    """OpenAI's Responses body (server/responses_routes.py). `reasoning.effort` maps to the
+    template's thinking switch where it has one; `metadata`, `include`, `user`, `store` and the
+    other bookkeeping fields are accepted (echoed where the response object has them)."""
+
     model: str = Field(min_length=1)
     input: Union[str, list[dict[str, Any]]]
     instructions: Optional[str] = None
@@ -91,11 +100,17 @@ class ResponsesRequest(_Body):
     store: bool = True
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Union[Literal["none", "auto", "required"], dict[str, Any], None] = None
+    parallel_tool_calls: Optional[bool] = None
     max_output_tokens: Optional[int] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     stream: bool = False
     text: Optional[dict[str, Any]] = None
+    truncation: Optional[Literal["auto", "disabled"]] = None
+    reasoning: Optional[ResponsesReasoning] = None
+    metadata: Optional[dict[str, str]] = None
+    include: Optional[list[str]] = None
+    background: Optional[bool] = None
     # extensions
     seed: Optional[int] = None
     top_k: Optional[int] = None

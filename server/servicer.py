@@ -25,6 +25,15 @@ from server.proto import ninfer_pb2_grpc as pb_grpc
 from server.validate import WARMING_UP
 
 log = logging.getLogger("ninfer.server")
+
+
+def generation_defaults(engine) -> dict:
+    """The engine's sampling defaults (a checkpoint's generation_config.json), {} for an engine
+    that has none to tell."""
+    get = getattr(engine, "generation_defaults", None)
+    return dict(get()) if get is not None else {}
+
+
 SERVER_VERSION = "ninfer.v1/0.1.0"
 
 
@@ -35,10 +44,12 @@ class NInferServicer(RunningRequests, pb_grpc.NInferServicer):
         self.engine: Any = None  # set once warm-up finishes
         self._ids: set[str] = set()  # request ids of the streams now running here
         self._max_context = 0
+        self._defaults: dict = {}  # the checkpoint's sampling defaults (generation_config.json)
 
     # --- lifecycle ---------------------------------------------------------------------------
     def attach(self, engine: Any) -> None:
         self._max_context = int(engine.model_info()["max_context"])
+        self._defaults = generation_defaults(engine)
         self.engine = engine
 
     # --- helpers -----------------------------------------------------------------------------
@@ -128,7 +139,8 @@ class NInferServicer(RunningRequests, pb_grpc.NInferServicer):
 
         def submit():
             prompt = convert.prompt_from_proto(request, self.limits)
-            sampling = convert.sampling_from_proto(request.sampling, self.limits, self._max_context)
+            sampling = convert.sampling_from_proto(request.sampling, self.limits, self._max_context,
+                                                    self._defaults)
             saves = convert.save_points_from_proto(request)
             return self._submit(request.request_id, lambda rid: engine.submit(prompt, sampling, request_id=rid,
                                                                               **saves))
@@ -141,7 +153,8 @@ class NInferServicer(RunningRequests, pb_grpc.NInferServicer):
 
         def submit():
             kwargs = convert.chat_from_proto(request, self.limits)
-            sampling = convert.sampling_from_proto(request.sampling, self.limits, self._max_context)
+            sampling = convert.sampling_from_proto(request.sampling, self.limits, self._max_context,
+                                                    self._defaults)
             messages = kwargs.pop("messages")
             return self._submit(request.request_id, lambda rid: engine.submit_chat(
                 messages, sampling=sampling, request_id=rid, **kwargs))

@@ -338,6 +338,7 @@ class EngineCore(UnitPlanning, Execution):
             if req.raw:
                 self._offer_branch_point(req, bound.frontier)
             req.cached_tokens = bound.frontier
+            req.hit = bound.hit
             self.counters["cached_tokens"] += bound.frontier
             req.t_admitted = self.program.clock()
             self.histograms["queue_seconds"].observe(req.t_admitted - req.t_submit)

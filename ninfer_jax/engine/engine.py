@@ -30,7 +30,7 @@ from ninfer_jax.engine.failure import end_pending, fail_all
 from ninfer_jax.engine.grammar import Grammars, tool_call_form_of
 # Request-side rules shared with the CLI's preflight (engine/preflight.py), which applies them
 # before any weight is loaded; the engine applies them again at submission.
-from ninfer_jax.engine.intake import chat_frontend, load_tokenizer, message, prompt_ids
+from ninfer_jax.engine.intake import chat_frontend, generation_defaults, load_tokenizer, message, prompt_ids
 from ninfer_jax.engine.observe import occupancy
 import ledger
 from ledger import PointKind
@@ -65,6 +65,10 @@ class Engine:
         at warm-up (SRC-3: it orders sources and picks the auto pause route, nothing else)."""
         self.config = config if config is not None else EngineConfig()
         t0 = time.perf_counter()
+        # Read before any weight loads: a bad generation_config.json or chat template file is a
+        # ConfigError here, never a refusal of every request (engine/intake.py).
+        self._generation_defaults = generation_defaults(self.config.model)
+        self.tokenizer = self._load_tokenizer()
         if program is None:
             from ninfer_jax.program.program import Program
 
@@ -82,7 +86,6 @@ class Engine:
             from ninfer_jax.program.calibrate import checked
 
             program.cost_model = checked(cost_model)
-        self.tokenizer = self._load_tokenizer()
         self.program.warmup()
         self.warmup_seconds = time.perf_counter() - t0
         grammars = None
@@ -107,7 +110,14 @@ class Engine:
 
     # ---- set-up ------------------------------------------------------------------------
     def _load_tokenizer(self):
-        return load_tokenizer(self.config.model)
+        return load_tokenizer(self.config.model, self.config.chat_template)
+
+    def generation_defaults(self) -> dict:
+        """The sampling defaults of the checkpoint's generation_config.json (temperature, top_p,
+        top_k, min_p, repetition/presence/frequency penalty, where set): what the servers give a
+        request for the fields it leaves unset. {} for the built-in model. The Python API does
+        not apply them: a SamplingParams is taken as it is."""
+        return dict(self._generation_defaults)
 
     def tokenizer_decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -30,16 +30,87 @@ def check_submission(prompt: Sequence[int], vocab_size: int, max_context: int) -
     return ids
 
 
-def load_tokenizer(model: str):
+def load_tokenizer(model: str, chat_template: str | None = None):
     """The model's tokenizer: the built-in one, or the folder's tokenizer.json; None when the
-    folder ships none (the engine then takes token ids only)."""
+    folder ships none (the engine then takes token ids only). `chat_template`: a jinja file whose
+    text replaces the tokenizer's own template (`read_chat_template`; EngineConfig.chat_template)."""
     import os
 
     from ninfer_jax.frontend.tokenizer import Tokenizer
 
     if model.startswith("builtin:") or os.path.exists(os.path.join(model, "tokenizer.json")):
-        return Tokenizer.load(model)
+        tokenizer = Tokenizer.load(model)
+        if chat_template is not None:
+            tokenizer.chat_template = read_chat_template(chat_template)
+        return tokenizer
     return None  # token ids only
+
+
+def read_chat_template(path: str) -> str:
+    """The jinja text of a chat template file (`--chat_template`), compiled once to check it:
+    ConfigError("chat_template", ...) for a missing or unreadable file, text that is not UTF-8,
+    an empty file or a template that does not compile. Read before any weight is loaded."""
+    from ninfer_jax.errors import ConfigError
+    from ninfer_jax.frontend.errors import TemplateError
+    from ninfer_jax.frontend.sandbox import ChatTemplate
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise ConfigError("chat_template", f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError("chat_template", f"{path}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("chat_template", f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not text.strip():
+        raise ConfigError("chat_template", f"{path}: the file is empty")
+    try:
+        ChatTemplate(text)
+    except TemplateError as exc:
+        raise ConfigError("chat_template", f"{path}: {exc}") from None
+    return text
+
+
+# generation_config.json fields that are sampling defaults, as SamplingParams names them (vLLM reads
+# the same ones; transformers writes the first five; the penalties where a checkpoint sets them).
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                       "frequency_penalty")
+
+
+def generation_defaults(model: str) -> dict:
+    """The sampling defaults of a checkpoint folder's generation_config.json: its fields among
+    `GENERATION_DEFAULTS` that are set (not null), for the fields a server request leaves unset.
+    {} for the built-in model or a folder without the file. ConfigError("generation_config.json",
+    ...) for a file that does not read or a value SamplingParams refuses, so a bad default fails
+    at load, never per request."""
+    import json
+    import os
+
+    from ninfer_jax.engine.types import SamplingParams
+    from ninfer_jax.errors import ConfigError, RequestError
+
+    path = os.path.join(model, "generation_config.json")
+    if model.startswith("builtin:") or not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("generation_config.json", f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("generation_config.json", f"{path}: expected a JSON object")
+    out = {k: data[k] for k in GENERATION_DEFAULTS if data.get(k) is not None}
+    for key, value in out.items():
+        if isinstance(value, bool):
+            raise ConfigError("generation_config.json", f"{key}: must be a number, got {value!r}")
+    try:
+        SamplingParams(**out)
+    except RequestError as exc:
+        raise ConfigError("generation_config.json", str(exc).removeprefix("sampling.")) from None
+    return out
 
 
 def prompt_ids(prompt, tokenizer, model: str) -> list[int]:

@@ -159,6 +159,7 @@ class Preemption:
                 self.counters["snapshot_bytes"] += copied
         host.vacate(req)
         req.phase, req.paused_route = PAUSED, route
+        req.pauses += 1
         self.counters["pauses_" + route] += 1
         if self.paused and self.paused[0].ticket < req.ticket:
             self.event = True  # SCH-10: a younger request's pause is the older one's opportunity

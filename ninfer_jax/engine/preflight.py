@@ -13,6 +13,8 @@ the engine's own rules, raising the same typed errors the engine raises later (d
   (`CheckpointError`, the checkpoint reader's own check; the tensors themselves are matched
   against the config only when the weights load);
 - the capacity the config resolves to on that model (`resolve_capacity`: `ConfigError`);
+- the folder's generation_config.json sampling defaults (`generation_defaults`: `ConfigError`)
+  and a `chat_template` file (`read_chat_template`: read, UTF-8, compiles; `ConfigError`);
 - a prompt: text needs a tokenizer, ids must lie in the vocabulary, the prompt must leave room
   under `max_context` (`prompt_ids` and `check_submission`, the rules `Engine.submit` applies);
 - chat messages: a tokenizer, the chat template's rendering (`FrontendError`s) and the same
@@ -27,7 +29,8 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from ninfer_jax.config import EngineConfig
-from ninfer_jax.engine.intake import chat_frontend, check_submission, load_tokenizer, prompt_ids
+from ninfer_jax.engine.intake import (chat_frontend, check_submission, generation_defaults, load_tokenizer,
+                                     prompt_ids, read_chat_template)
 from ninfer_jax.engine.types import SamplingParams
 from ninfer_jax.errors import ConfigError
 from ninfer_jax.model.config import ModelConfig
@@ -115,12 +118,15 @@ def preflight(config: EngineConfig, prompt: str | Sequence[int] | None = None,
     if model is None:
         model = model_config(config.model)
         check_checkpoint_files(config.model)
+        generation_defaults(config.model)  # a default SamplingParams refuses fails here, not per request
+    if config.chat_template is not None:
+        read_chat_template(config.chat_template)
     capacity = resolve_capacity(config, model, itemsize(config))
     tokenizer, ids = None, None
     if prompt is not None and messages is not None:
         raise ConfigError("preflight", "pass a raw prompt or chat messages, not both")
     if isinstance(prompt, str) or messages is not None:
-        tokenizer = load_tokenizer(config.model)
+        tokenizer = load_tokenizer(config.model, config.chat_template)
     if images:
         if not isinstance(prompt, str):
             raise ConfigError("image", "images go with a text prompt (--prompt) or a chat message")

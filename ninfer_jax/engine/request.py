@@ -114,6 +114,8 @@ class Request:
     bound: bool = False  # the cache policy knows it (bound to a record until it ends, PAUSE-1)
     cancel_requested: bool = False
     cached_tokens: int = 0
+    hit: dict | None = None  # the recovery point its first admission bound from (reuse.hit_of)
+    pauses: int = 0  # times it was paused (preempted), by either route
     saved_tokens: int = 0  # the furthest prompt frontier this request's captures kept (Usage.saved_tokens)
     finish_reason: str | None = None
     error: str | None = None
@@ -175,4 +177,4 @@ class Request:
             ttft_s=since_submit(self.t_first_token),
             max_output_gap_s=self.max_gap if len(self.output) >= 2 else None,  # OBS-3, OBS-4
             admitted_s=since_submit(self.t_admitted),
-            completion_s=since_submit(self.t_finished))
+            completion_s=since_submit(self.t_finished), hit=self.hit, pauses=self.pauses)

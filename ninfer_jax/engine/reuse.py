@@ -36,6 +36,18 @@ class Bound(NamedTuple):
     page_objects: tuple[int, ...]
     permit: int | None
     mtp_objects: tuple[int, ...] = ()  # the MTP backend KV pages taken (speculative decoding)
+    hit: dict | None = None  # the recovery point bound from (`hit_of`); None: none (the root)
+
+
+def hit_of(src, cand) -> dict | None:
+    """What served a bind, for the request's record (`Completion.hit`): the recovery point's kind
+    (PointKind: E, input, anchor, shared, snapshot), its typed R kind for an input point, the
+    token frontier it covers, the takeover (BIND-5) and whether it was private. None for the
+    root (nothing reused)."""
+    if src is None or not cand.frontier:
+        return None
+    return {"kind": src.kind, "input_kind": src.input_kind or None, "frontier": cand.frontier,
+            "takeover": cand.takeover, "private": bool(cand.private)}
 
 
 class ContextCache:
@@ -268,7 +280,8 @@ class ContextCache:
                 self.counters["cache_hits"] += 1
                 self.counters["cache_hits_private" if cand.private else "cache_hits_shared"] += 1
                 self.counters["reused_tokens"] += cand.frontier
-            return Bound(cand.frontier, cand.takeover, view.state_object, tuple(pages), permit, tuple(mtp))
+            return Bound(cand.frontier, cand.takeover, view.state_object, tuple(pages), permit, tuple(mtp),
+                         hit_of(src, cand))
         if given is not None and given in self.program.state.permits:
             self.program.commit(ledger.plan_settle(self.program.state, given, owner))
         return last

@@ -164,6 +164,11 @@ class Completion:
     max_output_gap_s: float | None = None
     admitted_s: float | None = None  # submit → first admission (first bind to a lane)
     completion_s: float | None = None  # submit → finish (stop, length, cancel or error)
+    # The recovery point its first admission bound from: {"kind" (E, input, anchor, shared),
+    # "input_kind" (an input point's typed R kind, else None), "frontier" (tokens reused),
+    # "takeover", "private"}; None when nothing was reused. Reporting only.
+    hit: dict | None = None
+    pauses: int = 0  # times it was paused (preempted) and resumed or ended while paused
 
 
 def check_prompt(token_ids: Sequence[int], vocab_size: int, max_context: int) -> tuple[int, ...]:

@@ -75,6 +75,7 @@ class ResponsesPrompt:
     prompt: RenderedPrompt
     raw_input: tuple[dict, ...]
     previous_response_id: str | None
+    dropped_messages: int = 0  # the oldest messages `truncation="auto"` left out to fit
 
 
 class ChatFrontend:
@@ -200,22 +201,52 @@ class ChatFrontend:
                          previous_response_id: str | None = None, instructions: str | None = None,
                          tools: Sequence[Mapping[str, Any]] | None = None, cache_markers: Sequence[Any] | None = None,
                          marker_policy: MarkerPolicy | str = MarkerPolicy.OPENAI_DEFAULT,
-                         template_kwargs: Mapping[str, Any] | None = None) -> ResponsesPrompt:
+                         template_kwargs: Mapping[str, Any] | None = None,
+                         truncation: str = "disabled") -> ResponsesPrompt:
         """Expand the stored history, normalise this input, then apply the marker policy.
 
-        `cache_markers` index the expanded, normalised messages (instructions first, if any).
+        `cache_markers` index the expanded, normalised messages (instructions first, if any; after
+        truncation, the messages kept). `truncation="auto"`: a conversation over the input limit
+        drops its oldest turns (each from a user message to the next), keeping the instructions
+        and the newest turn, the fewest that make it fit; "disabled": InputTooLongError.
         """
+        if truncation not in ("auto", "disabled"):
+            raise MalformedInputError(f"truncation must be 'auto' or 'disabled', got {truncation!r}")
         raw = input_items(input)
         history = strip_cache_control(store.history(previous_response_id)) if previous_response_id else []
         messages = items_to_messages(history + raw)
+        head = []
         if instructions is not None:
             if not isinstance(instructions, str):
                 raise MalformedInputError("instructions must be a string")
             # Leading instructions are a system message: every chat template knows that role.
-            messages.insert(0, {"role": "system", "content": instructions})
-        prompt = self.render_chat(messages, tools=tools, cache_markers=cache_markers, marker_policy=marker_policy,
-                                  template_kwargs=template_kwargs)
-        return ResponsesPrompt(prompt, tuple(raw), previous_response_id)
+            head = [{"role": "system", "content": instructions}]
+
+        def render(dropped: int) -> RenderedPrompt:
+            return self.render_chat(head + messages[dropped:], tools=tools, cache_markers=cache_markers,
+                                    marker_policy=marker_policy, template_kwargs=template_kwargs)
+
+        try:
+            return ResponsesPrompt(render(0), tuple(raw), previous_response_id)
+        except InputTooLongError as exc:
+            if truncation != "auto":
+                raise
+            last = exc
+        # the turns' starts; the last turn stays. Fewer messages never render longer, so the
+        # fewest turns to drop are found by bisection over the turns' starts.
+        starts = [k for k, m in enumerate(messages) if k and m.get("role") == "user"]
+        lo, hi, best = 0, len(starts) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            try:
+                best = (starts[mid], render(starts[mid]))
+                hi = mid - 1
+            except InputTooLongError as exc:
+                last, lo = exc, mid + 1
+        if best is None:
+            raise InputTooLongError(f"{last} even with only the instructions and the newest turn",
+                                    length=last.length, limit=last.limit)
+        return ResponsesPrompt(best[1], tuple(raw), previous_response_id, best[0])
 
     # --- raw prompts (REC-6: P) --------------------------------------------------------------
     def prepare_prompt(self, prompt: str | Sequence[int]) -> RenderedPrompt:

@@ -39,6 +39,16 @@ class UnknownResponseError(MalformedInputError):
     """A Responses-style request names a `previous_response_id` the store does not hold (SH-5)."""
 
 
+class EvictedResponseError(UnknownResponseError):
+    """A stored response was evicted for the store's budget (its count or bytes, least recently
+    used first), or was never stored because it alone exceeds the byte budget (CFG-7): a caller
+    that chains onto it learns why it is gone, not just that it is."""
+
+
+class ExpiredResponseError(UnknownResponseError):
+    """A stored response outlived the store's expiry (seconds since it was stored)."""
+
+
 class TemplateError(FrontendError):
     """A chat template does not compile, raises, overruns its output limit or breaks the sandbox."""
 

@@ -1,4 +1,4 @@
-"""Responses-style input: a small in-memory store of past responses and item normalisation (SH-5).
+"""Responses-style input: the store of past responses and item normalisation (SH-5).
 
 A request names `previous_response_id`; its stored history (every earlier input and output, root
 first) is expanded, this request's input is appended, and the whole is normalised into chat
@@ -11,12 +11,22 @@ names them (at most four, SH-2).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import logging
+import os
+import tempfile
+import time
+import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
-from .errors import MalformedInputError, MalformedToolCallError, UnknownResponseError
+from .errors import (EvictedResponseError, ExpiredResponseError, MalformedInputError, MalformedToolCallError,
+                     UnknownResponseError)
+
+log = logging.getLogger("ninfer.frontend.responses")
 
 DEFAULT_MAX_RESPONSES = 1024  # CFG-7: stored Responses have their own bound
 
@@ -45,42 +55,114 @@ def input_items(value: str | Sequence[Any]) -> list[dict]:
 class StoredResponse:
     response_id: str
     previous_response_id: str | None
-    input_items: tuple[dict, ...]
-    output_items: tuple[dict, ...]
+    input_items: tuple[dict, ...]  # this request's input as sent (the chain's history, the input listing)
+    output_items: tuple[dict, ...]  # its output in the form the frontend reads back (SH-5)
+    response: dict | None = None  # the whole response object, as the create returned it
+    stored_at: float = 0.0  # the store's clock when it was stored
+    size: int = 0  # bytes of its stored JSON (the byte budget counts these)
+
+    def record(self) -> dict:
+        return {"version": 1, "response_id": self.response_id, "previous_response_id": self.previous_response_id,
+                "input_items": list(self.input_items), "output_items": list(self.output_items),
+                "response": self.response, "stored_at": self.stored_at}
+
+
+def _from_record(rec: Any, size: int) -> StoredResponse:
+    """A stored file's record back (ValueError, KeyError or TypeError when it is not one)."""
+    if not isinstance(rec, dict) or rec.get("version") != 1:
+        raise ValueError("not a stored response record (version 1)")
+    rid, prev, response = rec["response_id"], rec["previous_response_id"], rec["response"]
+    items = [rec["input_items"], rec["output_items"]]
+    if not isinstance(rid, str) or not (prev is None or isinstance(prev, str)) \
+            or not (response is None or isinstance(response, dict)) \
+            or not all(isinstance(v, list) and all(isinstance(i, dict) for i in v) for v in items):
+        raise ValueError("a field of the wrong type")
+    return StoredResponse(rid, prev, tuple(items[0]), tuple(items[1]), response, float(rec["stored_at"]), size)
+
+
+_TOMBSTONES = 4096  # why a response is gone, kept for this many ids (its 404 then says why)
 
 
 class ResponsesStore:
-    """Bounded in-memory store; the least recently used response is evicted first."""
+    """Stored responses, bounded three ways (CFG-7): at most `max_responses` and `max_bytes` of
+    stored JSON (the least recently used evicted first), each kept `ttl_s` seconds after it was
+    stored (None: until evicted). With `directory`, each response is also one JSON file there,
+    written atomically (a temp file, then `os.replace`) and all read back when the store is
+    built, so chains survive a restart; eviction, expiry and deletion remove the file. A
+    response that is gone raises a typed error saying why: `EvictedResponseError` (the budget;
+    or, for one larger than the whole byte budget, never stored), `ExpiredResponseError`, else
+    `UnknownResponseError` (never stored, deleted). Not thread-safe: the caller holds a lock."""
 
-    def __init__(self, max_responses: int = DEFAULT_MAX_RESPONSES):
+    def __init__(self, max_responses: int = DEFAULT_MAX_RESPONSES, *, max_bytes: int | None = None,
+                 ttl_s: float | None = None, directory: str | os.PathLike | None = None,
+                 clock: Callable[[], float] = time.time):
         if max_responses < 1:
             raise ValueError("max_responses must be positive")
-        self.max_responses = max_responses
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_bytes must be positive")
+        if ttl_s is not None and not ttl_s > 0:
+            raise ValueError("ttl_s must be positive")
+        self.max_responses, self.max_bytes, self.ttl_s = max_responses, max_bytes, ttl_s
+        self.clock = clock  # wall-clock by default: stored times are compared across restarts
+        self.directory = Path(directory) if directory is not None else None
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()  # least recently used first
+        self._by_age: dict[str, float] = {}  # stored_at, oldest first (expiry sweeps from the front)
+        self._bytes = 0
+        self._gone: OrderedDict[str, tuple[type[UnknownResponseError], str]] = OrderedDict()
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._load()
 
     def __len__(self) -> int:
+        self._expire()
         return len(self._items)
 
     def __contains__(self, response_id: str) -> bool:
+        self._expire()
         return response_id in self._items
 
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    # --- storing ----------------------------------------------------------------------------
     def put(self, response_id: str, *, input_items: Sequence[Mapping[str, Any]],
-            output_items: Sequence[Mapping[str, Any]], previous_response_id: str | None = None) -> StoredResponse:
-        if previous_response_id is not None and previous_response_id not in self._items:
-            raise UnknownResponseError(f"unknown previous_response_id {previous_response_id!r}")
+            output_items: Sequence[Mapping[str, Any]], previous_response_id: str | None = None,
+            response: Mapping[str, Any] | None = None) -> StoredResponse | None:
+        """Store a response (its chain's parent must still be stored). None when it alone
+        exceeds the byte budget: not stored, with a logged warning, and a later lookup says so."""
+        self._expire()
+        if previous_response_id is not None:
+            self.get(previous_response_id)  # in use: not the next to be evicted
         stored = StoredResponse(response_id, previous_response_id,
                                 tuple(_freeze(list(input_items), "input_items")),
-                                tuple(_freeze(list(output_items), "output_items")))
-        self._items[response_id] = stored
-        self._items.move_to_end(response_id)
-        while len(self._items) > self.max_responses:
-            self._items.popitem(last=False)
+                                tuple(_freeze(list(output_items), "output_items")),
+                                _freeze(dict(response), "response") if response is not None else None,
+                                float(self.clock()))
+        data = json.dumps(stored.record(), separators=(",", ":")).encode()
+        stored = dataclasses.replace(stored, size=len(data))
+        self._drop(response_id)
+        if self.max_bytes is not None and stored.size > self.max_bytes:
+            why = (f"response {response_id!r} was not stored: its {stored.size} bytes exceed the whole store "
+                   f"budget of {self.max_bytes} bytes")
+            log.warning(why)
+            self._bury(response_id, EvictedResponseError, why)
+            return None
+        self._gone.pop(response_id, None)
+        self._add(stored)
+        self._write(stored, data)
+        self._evict(keep=response_id)
         return stored
 
+    def delete(self, response_id: str) -> None:
+        """Forget a response (and its file); a later lookup is an `UnknownResponseError`."""
+        self._live(response_id)
+        self._drop(response_id)
+        self._bury(response_id, UnknownResponseError, f"response {response_id!r} was deleted")
+
+    # --- reading ----------------------------------------------------------------------------
     def get(self, response_id: str) -> StoredResponse:
-        stored = self._items.get(response_id)
-        if stored is None:
-            raise UnknownResponseError(f"unknown previous_response_id {response_id!r}")
+        stored = self._live(response_id)
         self._items.move_to_end(response_id)
         return stored
 
@@ -101,6 +183,105 @@ class ResponsesStore:
             items.extend(copy.deepcopy(list(stored.input_items)))
             items.extend(copy.deepcopy(list(stored.output_items)))
         return items
+
+    # --- bookkeeping ------------------------------------------------------------------------
+    def _live(self, response_id: str) -> StoredResponse:
+        self._expire()
+        stored = self._items.get(response_id)
+        if stored is not None:
+            return stored
+        kind, why = self._gone.get(response_id, (UnknownResponseError, f"unknown response id {response_id!r}"))
+        raise kind(why)
+
+    def _add(self, stored: StoredResponse) -> None:
+        self._items[stored.response_id] = stored
+        self._by_age[stored.response_id] = stored.stored_at
+        self._bytes += stored.size
+
+    def _drop(self, response_id: str) -> None:
+        stored = self._items.pop(response_id, None)
+        if stored is None:
+            return
+        del self._by_age[response_id]
+        self._bytes -= stored.size
+        if self.directory is not None:
+            try:
+                self._path(response_id).unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not remove the stored response file of %r: %s", response_id, exc)
+
+    def _bury(self, response_id: str, kind: type[UnknownResponseError], why: str) -> None:
+        self._gone[response_id] = (kind, why)
+        self._gone.move_to_end(response_id)
+        while len(self._gone) > _TOMBSTONES:
+            self._gone.popitem(last=False)
+
+    def _evict(self, keep: str | None = None) -> None:
+        """Least recently used first, until both budgets hold (never `keep`, which fits alone)."""
+        while self._items and (len(self._items) > self.max_responses
+                               or (self.max_bytes is not None and self._bytes > self.max_bytes)):
+            victim = next(iter(self._items))
+            if victim == keep:
+                if len(self._items) == 1:
+                    return
+                self._items.move_to_end(victim)
+                continue
+            self._drop(victim)
+            self._bury(victim, EvictedResponseError,
+                       f"response {victim!r} was evicted: the store keeps at most {self.max_responses} responses"
+                       + (f" and {self.max_bytes} bytes" if self.max_bytes is not None else "")
+                       + ", least recently used first")
+
+    def _expire(self) -> None:
+        if self.ttl_s is None:
+            return
+        deadline = self.clock() - self.ttl_s
+        while self._by_age:
+            oldest, at = next(iter(self._by_age.items()))
+            if at > deadline:
+                return
+            self._drop(oldest)
+            self._bury(oldest, ExpiredResponseError, f"response {oldest!r} expired {self.ttl_s:g} s after it was stored")
+
+    # --- persistence ------------------------------------------------------------------------
+    def _path(self, response_id: str) -> Path:
+        return self.directory / (urllib.parse.quote(response_id, safe="") + ".json")
+
+    def _write(self, stored: StoredResponse, data: bytes) -> None:
+        """One file per response, replaced atomically: a reader never sees half of one. A write
+        that fails leaves the response in memory only (logged): the request that made it stands."""
+        if self.directory is None:
+            return
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, self._path(stored.response_id))
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as exc:
+            log.warning("could not write stored response %r to %s: %s", stored.response_id, self.directory, exc)
+
+    def _load(self) -> None:
+        """Every stored file, oldest first; unreadable ones skipped with a warning; then expiry
+        and the budgets, as if they had been stored in this process."""
+        found = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                data = path.read_bytes()
+                stored = _from_record(json.loads(data), len(data))
+                if path != self._path(stored.response_id):
+                    raise ValueError("its response id does not match the file name")
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+                log.warning("skipping unreadable stored response %s: %s", path, exc)
+                continue
+            found.append(stored)
+        for stored in sorted(found, key=lambda s: s.stored_at):
+            self._add(stored)
+        self._expire()
+        self._evict()
 
 
 def strip_cache_control(items: Sequence[Mapping[str, Any]]) -> list[dict]:

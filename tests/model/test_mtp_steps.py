@@ -25,6 +25,7 @@ PAGES_PER_ROW = 6
 NUM_PAGES = 32
 CHUNK = 16
 LENGTHS = (5, 17, 30)  # main execution frontiers n of the rows (MTP prefill covers [0, n-1))
+REF_LEN = max(LENGTHS) + 4  # the whole-sequence reference runs padded to one length (k <= 4 drafts)
 
 
 def _models():
@@ -48,7 +49,32 @@ def case(request):
     main_final = jax.jit(lambda t: lm.final_norm(lm(t)[1]))  # one compile per length, not eager ops
     finals = [np.asarray(main_final(jnp.asarray(s[:-1]))) for s in seqs]  # main hidden 0..n-1
     pages = rng.permutation(NUM_PAGES)[:len(seqs) * PAGES_PER_ROW].reshape(len(seqs), PAGES_PER_ROW)
-    return cfg, lm, MTPSteps(cfg, params, mtp), seqs, finals, pages.astype(np.int32)
+    return cfg, _Reference(lm), MTPSteps(cfg, params, mtp), seqs, finals, pages.astype(np.int32)
+
+
+class _Reference:
+    """The whole-sequence MTP forward, compiled once: inputs padded to REF_LEN rows (the MTP
+    layer is causal, so rows past a sequence's end change none of its rows). Eager ops compiled
+    per shape took most of this module's time."""
+
+    def __init__(self, lm: HybridLM):
+        self._hidden = jax.jit(lambda final, nxt: lm.mtp(final, lm.embed_tokens(nxt), jnp.arange(REF_LEN)))
+        self._logits = jax.jit(lm.logits)
+
+    def _padded(self, final, nxt) -> jax.Array:
+        n = nxt.shape[0]
+        final = jnp.zeros((REF_LEN, final.shape[1]), final.dtype).at[:n].set(final)
+        return self._hidden(final, jnp.zeros(REF_LEN, jnp.int32).at[:n].set(nxt))
+
+    def hidden(self, final, nxt) -> jax.Array:
+        """MTP hidden of every row of `final` [n, H] with next tokens `nxt` [n]."""
+        return self._padded(final, nxt)[:nxt.shape[0]]
+
+    def logits(self, hidden) -> jax.Array:
+        return self._logits(hidden)
+
+    def mtp_logits_from_final(self, final, nxt) -> jax.Array:
+        return self._logits(self._padded(final, nxt))[:nxt.shape[0]]
 
 
 def _prefill(steps, cfg, seqs, finals, pages, pool):
@@ -102,8 +128,8 @@ def test_recursive_draft_equals_whole_sequence(case, k):
     for i, (s, f) in enumerate(zip(seqs, finals)):
         hid, nxt = jnp.asarray(f), jnp.asarray(s[1:])
         for j in range(k):
-            out = lm.mtp(hid, lm.embed_tokens(nxt), jnp.arange(nxt.shape[0]))
-            want = lm.logits(out[-1])
+            out = lm.hidden(hid, nxt)
+            want = lm.logits(out[-1:])[0]
             if j == 0:  # the bridge is the plain MTP forward at index n-1
                 np.testing.assert_allclose(want, lm.mtp_logits_from_final(hid, nxt)[-1], atol=TOL, rtol=0)
             np.testing.assert_allclose(np.asarray(logits[i, j]), np.asarray(want), atol=TOL, rtol=0)

@@ -146,10 +146,10 @@ def _error_shape(r, what) -> None:
 
 def _events(text: str, what) -> None:
     """A stream's events: JSON objects (an error event in the API's shape, not a server error)
-    then `[DONE]`."""
+    then `[DONE]`; Responses events are each preceded by an `event:` line naming their type."""
     for line in text.splitlines():
         if not line.startswith("data: "):
-            assert not line.strip() or line.startswith(":"), (what, line[:200])
+            assert not line.strip() or line.startswith((":", "event: ")), (what, line[:200])
             continue
         data = line[len("data: "):]
         if data == "[DONE]":
