@@ -104,6 +104,9 @@ def cmd_serve(args: list[str]) -> int:
     try:
         cli.no_arguments("serve", args)
         settings = http_settings()
+        unused = [name for name in HTTP_SETTINGS if FLAGS[name].present]
+        if FLAGS.http_port is None and unused:  # nothing is silently dropped
+            raise cli.UsageError(f"--{unused[0]} configures the HTTP API: give --http_port=PORT as well")
         if not fake:
             from ninfer_jax.engine.preflight import preflight
 

@@ -140,6 +140,10 @@ def test_flag_errors_are_one_line_exit_2(ninfer):
     _refused(ninfer("serve", "--port=-2"), "serve", "IllegalFlagValueError: flag --port=-2")
     # -1 turns gRPC off, which only makes sense with an HTTP port.
     _refused(ninfer("serve", "--port=-1"), "serve", "ValueError: --port=-1 turns gRPC off")
+    # The HTTP API's own flags without an HTTP port would do nothing: refused, not dropped.
+    _refused(ninfer("serve", "--model=fake:x", "--cors_origins=*"), "serve",
+             "UsageError: --cors_origins configures the HTTP API: give --http_port=PORT as well")
+    _refused(ninfer("serve", "--model=fake:x", "--request_log=/tmp/x.jsonl"), "serve", "UsageError: --request_log")
     _refused(ninfer("generate", "--dtype=float16"), "generate", "IllegalFlagValueError: flag --dtype=float16")
     _refused(ninfer("generate", "--no_such_flag=1"), "generate", "UnrecognizedFlagError: ")
 

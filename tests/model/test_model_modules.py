@@ -73,13 +73,14 @@ def test_mtp_logits_shape_and_finite():
     params, mtp = init_params(cfg, seed=3)
     lm = HybridLM(cfg, params, mtp)
     tokens = _tokens(cfg, 20, seed=1)
-    logits, hidden = lm(tokens)
-    out = lm.mtp_logits(hidden[:-1], tokens[1:])
+    logits, hidden = jax.jit(lm)(tokens)  # compiled whole: eager ops compile one by one
+    out = jax.jit(lm.mtp_logits)(hidden[:-1], tokens[1:])
     chex.assert_shape(out, (19, cfg.vocab_size))
     chex.assert_type(out, jnp.float32)
     chex.assert_tree_all_finite(out)
     # mtp_logits normalises the hidden with the main final norm first (the vLLM convention).
-    chex.assert_trees_all_close(out, lm.mtp_logits_from_final(lm.final_norm(hidden[:-1]), tokens[1:]))
+    from_final = jax.jit(lambda h, t: lm.mtp_logits_from_final(lm.final_norm(h), t))
+    chex.assert_trees_all_close(out, from_final(hidden[:-1], tokens[1:]))
 
 
 def test_main_weights_do_not_depend_on_mtp_layers():

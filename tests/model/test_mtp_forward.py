@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -37,9 +38,9 @@ def trained_mtp_model():
 def _check(cfg, params, mtp, offset: int):
     lm = HybridLM(cfg, params, mtp)
     tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, T).astype(np.int32)
-    _, hidden = lm(jnp.asarray(tokens))
+    _, hidden = jax.jit(lm)(jnp.asarray(tokens))  # compiled whole: eager ops compile one by one
     positions = np.arange(T - 1) + offset
-    got = np.asarray(lm.mtp_logits(hidden[:-1], jnp.asarray(tokens[1:]), jnp.asarray(positions)))
+    got = np.asarray(jax.jit(lm.mtp_logits)(hidden[:-1], jnp.asarray(tokens[1:]), jnp.asarray(positions)))
     want = mtp_reference.mtp_logits(cfg, params, mtp, np.asarray(hidden[:-1]), tokens[1:], positions)
     err = np.max(np.abs(got - want))
     assert err < TOL, f"max |Δlogit| {err:.2e} (logits up to {np.max(np.abs(want)):.1f})"
