@@ -189,3 +189,14 @@ def test_ninfer_trace_prints_it_beside_the_infinite_bound(capsys, small_traces):
     assert code == 0 and int(lines["cached_tokens"]) <= int(lines["offline_optimum_tokens"])
     assert int(lines["offline_optimum_tokens"]) <= int(lines["upper_bound_tokens"])
     assert lines["offline_optimum_method"] == "lp_dual" and 0 < float(lines["reuse_of_offline_optimum_pct"]) <= 100
+
+
+def test_bench_optimum_rows_and_a_budget_that_cannot_start():
+    from ninfer_jax.bench import optimum_bench
+
+    f = optimum_bench.run(["--sessions=3", "--kinds=marconi", "--pcts=1,50"])
+    small, half = f["rows"]
+    assert not small["started"] and "cache_device_bytes" in small["refused"]
+    assert half["started"] and half["cache_device_bytes"] == int(0.5 * half["working_set_bytes"])
+    assert 0 < half["reuse_of_offline_optimum"] <= 1 and half["reuse_of_upper_bound"] <= half["optimum_of_upper_bound"]
+    assert "cannot start" in optimum_bench.text(f) and f["worst_reuse_of_offline_optimum"] == half["reuse_of_offline_optimum"]
