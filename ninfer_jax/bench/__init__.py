@@ -18,6 +18,7 @@ BENCHES = {
     "vision": "ninfer_jax.bench.vision_bench",
     "prefill": "ninfer_jax.bench.prefill_bench",
     "structured": "ninfer_jax.bench.structured_bench",
+    "optimum": "ninfer_jax.bench.optimum_bench",
 }
 
 

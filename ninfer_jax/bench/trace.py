@@ -229,7 +229,8 @@ def _run_budget(trace: Trace, config, plan, *, program: str, cold: bool, prefix:
         # the cached run loaded, so the model is loaded and compiled once.
         cold_run, _ = replay_once(cfg or config, program, trace, f"{prefix}cold run", share=shared, **dict(extra))
     out = figures(hot.trace, hot, cold_run, program=program, cold_disabled=disabled, max_context=config.max_context,
-                  budget=plan.cache if plan is not None else None)
+                  budget=plan.cache if plan is not None else None,
+                  concurrency=kw.get("concurrency") or config.max_concurrency)
     _warn_failed(hot, prefix)
     if report:
         written = write_report(report, out, hot, cold_run)

@@ -31,6 +31,29 @@ def offline_upper_bound(outcomes: Sequence[Outcome], within_sessions: bool = Fal
     return sum(sum(upper_bound(reqs)) for reqs in groups.values())
 
 
+def offline_optimum(outcomes: Sequence[Outcome], trace: Trace | None, pools: dict | None,
+                    concurrency: int | None) -> dict:
+    """The offline optimum's figures (`offline_optimum.py`): an upper bound of what any policy
+    serves at these pools from the save points the requests offered, over the requests in the
+    order they ran; only at C = 1 (its argument is sequential), else None."""
+    keys = ("offline_optimum_tokens", "offline_optimum_pct", "reuse_of_offline_optimum_pct", "offline_optimum_method",
+            "offline_optimum_seconds")
+    if concurrency != 1 or not pools or "main_kv" not in pools or "state_slots" not in pools:
+        return dict.fromkeys(keys)
+    from ninfer_jax.bench.offline_optimum import OfflineRequest, capacities, with_branch_points
+    from ninfer_jax.bench.offline_optimum import offline_optimum as solve
+
+    raw = {r.index: r.prompt_ids is not None for r in trace.requests} if trace is not None else {}
+    ok = [o for o in outcomes if o.prompt_ids]
+    reqs = [OfflineRequest(o.prompt_ids, o.output_ids, saves=o.save_frontiers or None, raw=raw.get(o.index, False),
+                           ran=o.finish_reason != "error") for o in ok]
+    kv_pages, state_slots = capacities(pools)
+    opt = solve(with_branch_points(reqs), kv_pages=kv_pages, state_slots=state_slots)
+    cached, prompt = sum(o.cached_tokens for o in ok), sum(len(o.prompt_ids) for o in ok)
+    return dict(zip(keys, (opt.tokens, percent(opt.tokens, prompt), percent(cached, opt.tokens), opt.method,
+                           round(opt.seconds, 3))))
+
+
 def _ttft(outcomes: Sequence[Outcome], prefix: str) -> dict:
     """TTFT mean, p50 and p99 over the requests that have a first token."""
     return summary((o.ttft_s for o in outcomes), f"{prefix}ttft", with_mean=True)
@@ -53,8 +76,9 @@ def too_long(outcomes: Sequence[Outcome], trace: Trace | None) -> list[dict]:
 
 
 def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: str, cold_disabled: bool,
-            max_context: int | None = None, budget=None) -> dict:
-    """`budget`: the `ninfer_jax.plan.CacheSplit` the pools were sized by (--cache_device_bytes)."""
+            max_context: int | None = None, budget=None, concurrency: int | None = None) -> dict:
+    """`budget`: the `ninfer_jax.plan.CacheSplit` the pools were sized by (--cache_device_bytes);
+    `concurrency`: the replay's C (the offline optimum is figured at C = 1 only)."""
     ok = [o for o in hot.outcomes if o.prompt_ids]
     skipped = too_long(hot.outcomes, trace)
     prompt = sum(len(o.prompt_ids) for o in ok)
@@ -77,6 +101,7 @@ def figures(trace: Trace, hot: RunResult, cold: RunResult | None, *, program: st
         "upper_bound_tokens": bound, "upper_bound_pct": percent(bound, prompt),
         "upper_bound_within_sessions_tokens": offline_upper_bound(hot.outcomes, within_sessions=True),
         "reuse_of_upper_bound_pct": percent(cached, bound),
+        **offline_optimum(hot.outcomes, trace, s.get("pools"), concurrency),
         "prefill_tokens": s.get("prefill_tokens", 0), "replay_tokens": s.get("replay_tokens", 0),
         "reused_tokens": s.get("reused_tokens", 0), "cache_hits": s.get("cache_hits", 0),
         "h2d_bytes": s.get("h2d_bytes", 0), "d2h_bytes": s.get("d2h_bytes", 0),

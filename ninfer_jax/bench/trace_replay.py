@@ -55,6 +55,7 @@ class Outcome:
     completion_s: float | None = None  # issue → finish (OBS-4)
     max_gap_s: float | None = None  # largest gap between consecutive output tokens (OBS-3); None below 2 tokens
     too_long_tokens: int | None = None  # --skip_too_long: the tokens it needs (finish_reason "too_long")
+    save_frontiers: tuple[int, ...] = ()  # the prompt frontiers it offered the cache (Completion.save_frontiers)
 
 
 @dataclasses.dataclass
@@ -158,7 +159,8 @@ class Replayer:
         out = Outcome(flight.req.index, flight.req.session, tuple(c.prompt_token_ids), tuple(c.token_ids),
                       c.usage.cached_tokens, ttft, c.finish_reason, c.error,
                       completion_s=seen_done_s if done is None else done,
-                      max_gap_s=getattr(c, "max_output_gap_s", None))
+                      max_gap_s=getattr(c, "max_output_gap_s", None),
+                      save_frontiers=tuple(getattr(c, "save_frontiers", ())))
         outcomes.append(out)
         self._after(flight.req, out)
 

@@ -21,6 +21,9 @@ from ninfer_jax.bench.stats import cdf
 from ninfer_jax.bench.trace_sweep import SWEEP_COLUMNS, sweep_rows
 
 
+OPTIONAL = ("offline_optimum_tokens", "offline_optimum_pct", "reuse_of_offline_optimum_pct")  # None: left out (C > 1)
+
+
 def _plt():
     import matplotlib
 
@@ -155,10 +158,11 @@ def write_report(folder: str, figures: dict, hot, cold) -> list[str]:
         "| figure | value |", "|---|---|",
     ]
     for key in ("prompt_tokens", "cached_tokens", "reuse_pct", "upper_bound_pct", "reuse_of_upper_bound_pct",
+                "offline_optimum_tokens", "offline_optimum_pct", "reuse_of_offline_optimum_pct",
                 "ttft_p50_s", "ttft_p99_s", "cold_ttft_p50_s", "cold_ttft_p99_s", "ttft_mean_cached_over_cold",
                 "prefill_tokens", "replay_tokens", "h2d_bytes", "d2h_bytes", "forced_outputs", "outputs_identical",
                 "max_context", "requests_too_long"):
-        if key in figures:
+        if key in figures and not (key in OPTIONAL and figures[key] is None):
             lines.append(f"| {key} | {figures[key]} |")
     lines += capacity_lines(figures)
     lines += too_long_lines(figures)

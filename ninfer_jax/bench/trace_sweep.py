@@ -128,7 +128,8 @@ def sweep_figures(results: Sequence[dict], cache_device_bytes: int) -> dict:
 
 
 SWEEP_COLUMNS = ("split", "state_slots", "kv_pages", "max_context", "requests_too_long", "cached_tokens", "reuse_pct",
-                 "reuse_of_upper_bound_pct", "ttft_mean_s", "ttft_mean_cached_over_cold", "h2d_bytes", "pauses")
+                 "reuse_of_upper_bound_pct", "reuse_of_offline_optimum_pct", "ttft_mean_s", "ttft_mean_cached_over_cold",
+                 "h2d_bytes", "pauses")
 
 
 def sweep_rows(sweep: dict) -> list[dict]:

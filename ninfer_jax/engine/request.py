@@ -177,4 +177,5 @@ class Request:
             ttft_s=since_submit(self.t_first_token),
             max_output_gap_s=self.max_gap if len(self.output) >= 2 else None,  # OBS-3, OBS-4
             admitted_s=since_submit(self.t_admitted),
-            completion_s=since_submit(self.t_finished), hit=self.hit, pauses=self.pauses)
+            completion_s=since_submit(self.t_finished), hit=self.hit, pauses=self.pauses,
+            save_frontiers=tuple(s.frontier for s in self.saves))

@@ -169,6 +169,10 @@ class Completion:
     # "takeover", "private"}; None when nothing was reused. Reporting only.
     hit: dict | None = None
     pauses: int = 0  # times it was paused (preempted) and resumed or ended while paused
+    # The prompt frontiers it offered the cache as save points (its SavePoints, an automatic
+    # branch point included; E, its end, is always one besides). Reporting only: the offline
+    # optimum of `ninfer trace` (bench/offline_optimum.py) places StateImages only there.
+    save_frontiers: tuple[int, ...] = ()
 
 
 def check_prompt(token_ids: Sequence[int], vocab_size: int, max_context: int) -> tuple[int, ...]:
