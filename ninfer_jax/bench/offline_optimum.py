@@ -28,7 +28,7 @@ putting a or q_j at s or later); two hits of one request are never both 1, and t
 requests t1 < t2 never count one object at one time (t1 could bind it, so t2's interval starts
 at t1 or later). So every engine run at these pools is a 0/1 point of the program with its
 reuse as value. Where it is generous: save points count even where the engine skipped one
-(no room) or bound past it, a raw prompt's branch point counts whatever it bound
+(no room) or bound past it, a prompt's branch point counts whatever it bound
 (`with_branch_points`), captures made while s runs cost nothing, and a Host arena is counted as
 room for either kind (`capacities`). A deeper f with the same pages and the same a is never
 worse (same charges, more tokens): only the deepest of each is a variable.
@@ -58,8 +58,8 @@ PAGE_TOKENS = 64  # Main KV page, tokens (ledger.PAGE_TOKENS)
 class OfflineRequest:
     """One request as the engine saw it. `saves`: the prompt frontiers it offered the cache
     (`Completion.save_frontiers`; its end E always counts besides), or None for every depth;
-    `raw`: a pre-tokenised prompt, which the engine may also offer a branch point
-    (`with_branch_points`); `ran`: it ran to an end that held all its pages and a live slot
+    `raw`: a pre-tokenised prompt (the engine may offer any prompt a branch point:
+    `with_branch_points`); `ran`: it ran to an end that held all its pages and a live slot
     (a failed request is given no pressure: weaker, still a bound)."""
 
     prompt: Sequence[int]
@@ -80,15 +80,15 @@ class OfflineRequest:
 
 
 def with_branch_points(reqs: Sequence[OfflineRequest], page: int = PAGE_TOKENS) -> list[OfflineRequest]:
-    """Each raw prompt's saves plus the branch point the engine may offer it at admission
+    """Each prompt's saves plus the branch point the engine may offer it at admission
     (engine/branch_points.py): the end of the longest run of whole 64-token blocks it shares
-    with an earlier raw prompt, strictly inside it. The engine offers it only past the point it
-    bound from, which depends on the cache; offering it always makes a superset of what any
-    placement could have had."""
+    with an earlier prompt, strictly inside it. The engine offers it only past the point it
+    bound from (and a rendered prompt only below four shared markers), which depends on the
+    cache; offering it always makes a superset of what any placement could have had."""
     root: dict = {}
     out = []
     for r in reqs:
-        if not r.raw or r.saves is None:
+        if r.saves is None:
             out.append(r)
             continue
         p, node, k = list(r.prompt), root, 0

@@ -1,16 +1,20 @@
-"""Branch points of raw prompts: a documented reading of SH-6 (an automatic structure position
-the frontend may offer) for prompts that come without structure (`Engine.submit`, token-level
-traces).
+"""Branch points: a documented reading of SH-6 (an automatic structure position the frontend
+may offer), for every prompt.
 
-A chat prompt's structure comes from its rendering (markers, recovery points). A pre-tokenised
-prompt has none: it is saved only at its end (P) and E, so a system prompt that every session
-shares is never a source unless the client names it. `KnownHistories` remembers, block by
-block (the identity's 64-token digests), the prompts admitted recently; at a raw prompt's first
+A pre-tokenised prompt (`Engine.submit`, token-level traces) has no structure: it is saved only
+at its end (P) and E, so a system prompt that every session shares is never a source unless the
+client names it. A rendered chat prompt has the structure its rendering marks (markers,
+recovery points), which is its own conversation's: the default marker lies at its last part, so
+the system prompt and tool block that other sessions share were not a source either (on the
+chat trace at a small cache, no first turn reused one). `KnownHistories` remembers, block by
+block (the identity's 64-token digests), the prompts admitted recently; at a prompt's first
 admission the position where it leaves every known history — the end of the longest block
 prefix it shares with one of them — becomes one automatic shared-entry save opportunity
 (`SavePoint(shared=True, explicit=False)`), when it lies past the bound source and before the
-prompt's end. The next prompt that shares that prefix finds a source there, the way a radix
-tree splits a node where two requests diverge.
+prompt's end; a rendered prompt's gives way when four shared markers are in use, as an
+automatic marker does. The next prompt that shares that prefix finds a source there, the way a
+radix tree splits a node where two requests diverge. Two different prompts reaching the same
+block prefix is the repeated demand that makes the position worth a save.
 
 Block granularity (64 tokens) keeps this O(blocks) per admission and a few bytes per remembered
 block; the point is the last shared block boundary, so up to 63 shared tokens are left to

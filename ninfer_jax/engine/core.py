@@ -59,6 +59,7 @@ from ninfer_jax.engine.transactions import Pending, PendingKind, TransactionEnd
 from ninfer_jax.engine.types import SamplingParams, TokenDelta
 from ninfer_jax.engine.units import Turn, UnitPlanning
 from ninfer_jax.errors import CapacityError, QueueFullError, RequestError
+from ninfer_jax.frontend.markers import MAX_MARKERS as MAX_SHARED_MARKERS
 
 
 class EngineCore(UnitPlanning, Execution):
@@ -335,8 +336,7 @@ class EngineCore(UnitPlanning, Execution):
         req.mtp_pages = [state.objects[o].device.location for o in bound.mtp_objects]
         req.fed = bound.frontier
         if req.t_admitted is None:
-            if req.raw:
-                self._offer_branch_point(req, bound.frontier)
+            self._offer_branch_point(req, bound.frontier)
             req.cached_tokens = bound.frontier
             req.hit = bound.hit
             self.counters["cached_tokens"] += bound.frontier
@@ -355,10 +355,14 @@ class EngineCore(UnitPlanning, Execution):
         req.computed = max(req.computed, req.fed)  # past here, bound tokens are not recomputed
 
     def _offer_branch_point(self, req: Request, bound: int) -> None:
-        """SH-6 for raw prompts (engine/branch_points.py): where this prompt leaves every
-        recently seen one becomes a shared save opportunity, before its first chunk runs."""
+        """SH-6 (engine/branch_points.py): where this prompt leaves every recently seen one
+        becomes a shared save opportunity, before its first chunk runs. A rendered prompt gets
+        one too (a system prompt or tool block its rendering marks nowhere), but as an automatic
+        marker it gives way when four shared markers are in use already."""
         known = self.reuse.known
         if known is None:
+            return
+        if not req.raw and sum(1 for s in req.saves if s.shared) >= MAX_SHARED_MARKERS:
             return
         blocks = self.reuse.identity_at(req, len(req.prompt)).blocks
         b = known.branch_point(blocks, len(req.prompt), bound)

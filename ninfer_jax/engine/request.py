@@ -89,7 +89,7 @@ class Request:
     stop_ids: frozenset[int]
     saves: tuple = ()  # SavePoints from the frontend, by frontier (SAVE-1)
     splits: tuple[int, ...] = ()  # frontiers where a prefill chunk must end (REC-8)
-    raw: bool = False  # no rendering chose its structure: a branch point may be offered (SH-6)
+    raw: bool = False  # no rendering chose its structure (its branch point never yields to markers: SH-6)
     session: object = None
     media: object = None  # engine/media.py RequestMedia: its images and videos, positions, media identity
     matcher: object = None  # engine/grammar.py Matcher of its structured output: at its committed output

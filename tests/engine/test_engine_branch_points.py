@@ -120,3 +120,59 @@ def test_sh6_branch_points_and_forced_outputs_under_pressure_equal_cold(route):
         engine.check_integrity()
     finally:
         engine.close()
+
+
+SYSTEM_TEXT = " ".join(f"Rule {i}: answer in plain words." for i in range(12))  # several 64-token blocks
+
+
+def _chat(engine, i, **kw):
+    messages = [{"role": "system", "content": SYSTEM_TEXT}, {"role": "user", "content": f"Question {i}?"}]
+    return engine.chat(messages, sampling=SP, **kw)
+
+
+def test_sh6_rendered_chat_prompts_share_the_system_prompt_other_sessions_sent():
+    """A rendered prompt's markers are its own conversation's (the default one at its last part),
+    so the system prompt every session sends was no source (issue 40: no first turn of the chat
+    trace reused one). Rendered prompts get the branch point too; outputs equal a cold engine."""
+    engine = _engine(True)
+    try:
+        first, second, third = (_chat(engine, i) for i in range(3))
+        assert first.usage.cached_tokens == 0 and second.usage.cached_tokens == 0
+        shared = third.usage.cached_tokens
+        assert shared > 0 and shared % 64 == 0  # the last whole block the system prompts share
+        assert shared <= len(engine.tokenizer.encode(SYSTEM_TEXT)) + 16
+        assert engine.stats()["branch_points"] >= 1
+        cold = _engine(False, enabled=False)
+        try:
+            assert _chat(cold, 2).token_ids == third.token_ids
+        finally:
+            cold.close()
+        engine.check_integrity()
+    finally:
+        engine.close()
+
+
+def test_a_rendered_prompts_branch_point_gives_way_to_four_shared_markers():
+    """An automatic position yields when four shared markers are in use (as the automatic marker
+    does): with four explicit markers past the system prompt no branch point is added, and the
+    shared system prompt is no source; with three it is."""
+    from ninfer_jax.frontend import ContentBoundary, MessageBoundary
+
+    def turns(engine, marks):
+        out = []
+        for i in range(3):
+            messages = [{"role": "system", "content": SYSTEM_TEXT}, {"role": "user", "content": f"Question {i}?"},
+                        {"role": "assistant", "content": f"Answer {i}."}, {"role": "user", "content": "More?"}]
+            out.append(engine.chat(messages, sampling=SP, cache_markers=marks))
+        return out
+
+    marks = [ContentBoundary(1), ContentBoundary(2), ContentBoundary(3), MessageBoundary(2)]
+    for n, offered in ((3, True), (4, False)):
+        engine = _engine(True)
+        try:
+            third = turns(engine, marks[:n])[2]
+            assert (engine.stats()["branch_points"] > 0) == offered
+            assert (third.usage.cached_tokens > 0) == offered
+            engine.check_integrity()
+        finally:
+            engine.close()
