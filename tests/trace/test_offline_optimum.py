@@ -132,12 +132,15 @@ def test_without_save_points_and_capacity_it_is_the_infinite_cache_bound():
         assert opt.tokens == opt.unbounded_tokens == want and opt.method == "unbounded"
 
 
-def test_branch_points_are_offered_where_a_raw_prompt_leaves_every_earlier_one():
+def test_branch_points_are_offered_where_a_prompt_leaves_every_earlier_one():
+    """Raw and rendered prompts alike (engine/branch_points.py); none past a prompt's end."""
     first = OfflineRequest(tuple(range(200)), (1,), saves=(200,), raw=True)
     second = OfflineRequest(tuple(range(130)) + (7, 7), (1,), saves=(132,), raw=True)
     chat = OfflineRequest(tuple(range(130)), (1,), saves=(130,))
-    got = with_branch_points([first, second, chat])
-    assert got[0].saves == (200,) and got[1].saves == (128, 132) and got[2].saves == (130,)
+    inside = OfflineRequest(tuple(range(128)), (1,), saves=(128,))
+    got = with_branch_points([first, second, chat, inside])
+    assert got[0].saves == (200,) and got[1].saves == (128, 132) and got[2].saves == (128, 130)
+    assert got[3].saves == (128,)  # its shared blocks end at its own end: nothing strictly inside
 
 
 def test_capacities_count_the_host_arena_as_room_for_either_kind():
