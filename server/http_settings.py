@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_MAX_RESPONSES = 1024  # CFG-7: stored Responses have their own bound
+from ninfer_jax.frontend.responses import DEFAULT_MAX_RESPONSES
+
 DEFAULT_RESPONSES_BYTES = 64 << 20
 
 

@@ -37,15 +37,15 @@ def record(done: Any, *, http_request_id: str | None = None, path: str | None = 
     u = done.usage
     return {"time": round(time.time(), 3), "request_id": done.request_id, "http_request_id": http_request_id,
             "path": path, "finish_reason": done.finish_reason, "prompt_tokens": u.prompt_tokens,
-            "cached_tokens": u.cached_tokens, "saved_tokens": getattr(u, "saved_tokens", 0),
+            "cached_tokens": u.cached_tokens, "saved_tokens": u.saved_tokens,
             "completion_tokens": u.completion_tokens,
             "timing": {"queue_s": _seconds(done, "admitted_s"), "ttft_s": _seconds(done, "ttft_s"),
                        "total_s": _seconds(done, "completion_s"), "max_output_gap_s": _seconds(done, "max_output_gap_s")},
-            "hit": getattr(done, "hit", None), "pauses": getattr(done, "pauses", 0), "error": done.error}
+            "hit": done.hit, "pauses": done.pauses, "error": done.error}
 
 
 def _seconds(done: Any, name: str) -> float | None:
-    value = getattr(done, name, None)
+    value = getattr(done, name)
     return None if value is None else round(value, 6)
 
 

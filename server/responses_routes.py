@@ -42,9 +42,11 @@ def install(app: FastAPI, front, submit: Callable[[Callable[[], Any]], Any]) -> 
                 return fn()
         return await asyncio.to_thread(run)
 
-    async def lookup(response_id: str):
+    async def stored(response_id: str, fn: Callable[[str], Any]):
+        """`fn(response_id)` on the store; a response that is gone (unknown, deleted, evicted,
+        expired) is a 404 saying why."""
         try:
-            return await locked(lambda: front.store.get(response_id))
+            return await locked(lambda: fn(response_id))
         except UnknownResponseError as exc:
             raise oc.ApiError(404, str(exc), param="response_id", code="response_not_found") from None
 
@@ -118,19 +120,16 @@ def install(app: FastAPI, front, submit: Callable[[Callable[[], Any]], Any]) -> 
         front.authorize(request)
         if request.query_params.get("stream", "false").lower() not in ("false", "0"):
             raise oc.unsupported("stream", "a stored response is not replayed as a stream")
-        stored = await lookup(response_id)
-        if stored.response is None:
+        kept = await stored(response_id, front.store.get)
+        if kept.response is None:
             raise oc.ApiError(404, f"response {response_id!r} has no stored response object", param="response_id",
                               code="response_not_found")
-        return stored.response
+        return kept.response
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str, request: Request):
         front.authorize(request)
-        try:
-            await locked(lambda: front.store.delete(response_id))
-        except UnknownResponseError as exc:
-            raise oc.ApiError(404, str(exc), param="response_id", code="response_not_found") from None
+        await stored(response_id, front.store.delete)
         return {"id": response_id, "object": "response", "deleted": True}
 
     @app.get("/v1/responses/{response_id}/input_items")
@@ -143,8 +142,8 @@ def install(app: FastAPI, front, submit: Callable[[Callable[[], Any]], Any]) -> 
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise oc.ApiError(400, f"order: 'asc' or 'desc' expected, got {order!r}", param="order")
-        stored = await lookup(response_id)
-        return rc.page(rc.input_listing(response_id, stored.input_items), limit=int(limit), order=order,
+        kept = await stored(response_id, front.store.get)
+        return rc.page(rc.input_listing(response_id, kept.input_items), limit=int(limit), order=order,
                        after=query.get("after"), before=query.get("before"))
 
 
