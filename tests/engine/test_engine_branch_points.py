@@ -75,19 +75,28 @@ def test_known_histories_are_bounded_and_prefix_based():
     assert len(known) == 5 and known.shared_blocks(["a", "b", "c"]) == 1
 
 
+def _submit(engine, kind: str, i: int, sp, **kw):
+    """Request i of the pressure test: a raw prompt, or a rendered chat of the same shape."""
+    if kind == "raw":
+        return engine.submit(SYSTEM + _user(i), sp, **kw)
+    messages = [{"role": "system", "content": SYSTEM_TEXT}, {"role": "user", "content": f"Question {i}?"}]
+    return engine.submit_chat(messages, sampling=sp, **kw)
+
+
+@pytest.mark.parametrize("kind", ["raw", "rendered"])
 @pytest.mark.parametrize("route", ["snapshot", "replay"])
-def test_sh6_branch_points_and_forced_outputs_under_pressure_equal_cold(route):
-    """Main KV just above one max_context, no spare StateImage slot, a tiny Host arena; raw
-    prompts sharing a system prompt (branch points) and one forced output; a pause in prefill,
-    another in decode, a cancel; integrity every cycle, outputs equal to an uncontended cold run."""
+def test_sh6_branch_points_and_forced_outputs_under_pressure_equal_cold(route, kind):
+    """Main KV just above one max_context, no spare StateImage slot, a tiny Host arena; prompts
+    (raw, or rendered chats) sharing a system prompt (branch points) and one forced output; a
+    pause in prefill, another in decode, a cancel; integrity every cycle, outputs equal to an
+    uncontended cold run."""
     cfg = EngineConfig(max_concurrency=2, max_context=512, chunk_size=64, kv_capacity=576, progress=False,
                        context_cache=ContextCacheConfig(host_capacity_bytes=4096, device_state_slots=0))
     engine = Engine(cfg, program=SimProgram(cfg), start=False)
     forced = [9, 8, 7, 6, 5, 4]
-    prompts = [SYSTEM + _user(i) for i in range(5)]
     sps = [SamplingParams(temperature=0, max_tokens=6, forced_output=forced if i == 1 else ()) for i in range(5)]
     try:
-        handles = [engine.submit(p, sp, request_id=f"r{i}") for i, (p, sp) in enumerate(zip(prompts, sps))]
+        handles = [_submit(engine, kind, i, sp, request_id=f"r{i}") for i, sp in enumerate(sps)]
         paused_prefill = paused_decode = cancelled = False
         for _ in range(5000):
             if all(h.done() for h in handles):
@@ -111,7 +120,7 @@ def test_sh6_branch_points_and_forced_outputs_under_pressure_equal_cold(route):
         cold = _engine(False, enabled=False)
         try:
             for i in range(4):
-                h = cold.submit(prompts[i], sps[i])
+                h = _submit(cold, kind, i, sps[i])
                 while not h.done():
                     cold.step()
                 assert h.result().token_ids == results[i].token_ids, i
