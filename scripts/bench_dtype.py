@@ -78,9 +78,9 @@ def _plain_product(x, w, w_nk):
     return jnp.matmul(x, w.T if w_nk else w, precision=precision)
 
 
-def dense_params(seed: int = 0) -> dict:
-    """`param_shapes(DENSE)` as float32 numpy: normal * 0.02, zero-centred norms 0, the GDN
-    output norm 1."""
+def dense_params(seed: int = 0, config: dict | None = None) -> dict:
+    """`param_shapes(config)` (DENSE by default) as float32 numpy: normal * 0.02, zero-centred
+    norms 0, the GDN output norm 1."""
     rng = np.random.default_rng(seed)
 
     def leaf(name, shape, gdn):
@@ -90,7 +90,7 @@ def dense_params(seed: int = 0) -> dict:
             return np.zeros(shape, np.float32)
         return rng.standard_normal(shape, np.float32) * np.float32(0.02)
 
-    shapes = param_shapes(parse_config(DENSE))
+    shapes = param_shapes(parse_config(config or DENSE))
     params = {k: leaf(k, v, False) for k, v in shapes.items() if k != "layers"}
     params["layers"] = [{k: leaf(k, v, "conv" in layer) for k, v in layer.items()} for layer in shapes["layers"]]
     return {k: params[k] for k in shapes}
@@ -207,23 +207,36 @@ def _rss_trimmed() -> tuple[int, int]:
     return before, _status_kb("VmRSS") * 1024
 
 
-def save_checkpoint(folder: str) -> None:
-    """DENSE as a bf16 Hugging Face folder (the values `dense_params` draws, rounded once)."""
+def rss_config(geometry: str) -> dict:
+    """The checkpoint `rss` decodes: DENSE, or a `bench.geometries` geometry (e.g. "0.8b", the
+    published Qwen3.5-0.8B's text shapes: a model whose size is a real one's)."""
+    if geometry == "dense1024":
+        return DENSE
+    from ninfer_jax.bench.geometries import GEOMETRIES
+
+    return GEOMETRIES[geometry]
+
+
+def save_checkpoint(folder: str, geometry: str = "dense1024") -> None:
+    """The geometry as a bf16 Hugging Face folder (the values `dense_params` draws, rounded once)."""
     import ml_dtypes
     from safetensors.numpy import save_file
 
     os.makedirs(folder, exist_ok=True)
-    tensors = hf_tensors(dense_params(), None, parse_config(DENSE))
-    tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
+    config = rss_config(geometry)
+    tensors = {k: v.astype(ml_dtypes.bfloat16)
+               for k, v in hf_tensors(dense_params(config=config), None, parse_config(config)).items()}
     save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({**DENSE, "dtype": "bfloat16"}, f)
+        json.dump({**config, "dtype": "bfloat16"}, f)
 
 
 def run_rss(a) -> dict:
+    a.folder = a.folder or f"/tmp/ninfer_bench_{a.geometry}_bf16"
     if not os.path.exists(os.path.join(a.folder, "model.safetensors")):
-        _say(f"writing the bf16 checkpoint to {a.folder} (a child process)")
-        subprocess.run([sys.executable, __file__, "save", "--folder", a.folder], check=True)
+        _say(f"writing the bf16 {a.geometry} checkpoint to {a.folder} (a child process)")
+        subprocess.run([sys.executable, __file__, "save", "--folder", a.folder, "--geometry", a.geometry],
+                       check=True)
     if a.cache:
         from ninfer_jax import compile_cache
         compile_cache.enable(a.cache)
@@ -248,7 +261,7 @@ def run_rss(a) -> dict:
     budget = d.weight_bytes + d.pool_bytes
     exe = next(e for bucket, e in d.steps._executables.items() if bucket[0] == "decode")
     temp = exe.memory_analysis().temp_size_in_bytes  # XLA's scratch buffer for one step
-    fig = {"model": "dense1024", "rows": max(a.rows), "weights_bytes": d.weight_bytes, "pools_bytes": d.pool_bytes,
+    fig = {"model": a.geometry, "rows": max(a.rows), "weights_bytes": d.weight_bytes, "pools_bytes": d.pool_bytes,
            "step_temp_bytes": temp, "rss_bytes": rss,
            "peak_over_runtime_weights_pools": rss["decode_peak"] / (rss["runtime"] + budget),
            "peak_less_runtime_over_weights_pools": (rss["decode_peak"] - rss["runtime"]) / budget,
@@ -256,7 +269,7 @@ def run_rss(a) -> dict:
                                                         "from_cache": counter.cache_hits},
            "decode_added_bytes": rss["decode_peak"] - rss["compiled_trimmed"]}
     mib = lambda b: f"{b / 2**20:.0f} MiB"  # noqa: E731
-    _say(f"bf16 dense1024: runtime {mib(rss['runtime'])}, loaded {mib(rss['loaded'])} (trimmed "
+    _say(f"bf16 {a.geometry}: runtime {mib(rss['runtime'])}, loaded {mib(rss['loaded'])} (trimmed "
          f"{mib(rss['loaded_trimmed'])}), compiled {mib(rss['compiled'])} (trimmed "
          f"{mib(rss['compiled_trimmed'])}), peak while decoding {mib(rss['decode_peak'])} (the steps added "
          f"{mib(fig['decode_added_bytes'])}, XLA's scratch for one step {mib(temp)}); "
@@ -277,11 +290,13 @@ def main(argv=None) -> None:
     p.add_argument("--context", type=int, default=CONTEXT, help="Main KV tokens per row (the pools' size)")
     p.add_argument("--unpacked", action="store_true",
                    help="bf16 pools stored as bfloat16, as before packing (XLA's CPU scatter converts them whole)")
-    p.add_argument("--folder", default="/tmp/ninfer_bench_dense1024_bf16", help="rss: the bf16 checkpoint")
+    p.add_argument("--folder", default=None, help="rss: the bf16 checkpoint (default /tmp/ninfer_bench_GEOMETRY_bf16)")
+    p.add_argument("--geometry", default="dense1024", choices=("dense1024", "0.8b", "small"),
+                   help="rss: DENSE, or a bench.geometries geometry (0.8b: Qwen3.5-0.8B's text shapes)")
     p.add_argument("--cache", default=None, help="rss: JAX's persistent compilation cache folder (run twice)")
     a = p.parse_args(argv)
     if a.what == "save":
-        return save_checkpoint(a.folder)
+        return save_checkpoint(a.folder or f"/tmp/ninfer_bench_{a.geometry}_bf16", a.geometry)
     if a.plain:
         layers._product = _plain_product
     res = {"time": run_time, "rss": run_rss, "pools": run_pools}[a.what](a)

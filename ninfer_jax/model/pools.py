@@ -41,13 +41,31 @@ def init_pools(cfg: ModelConfig, num_pages: int, num_slots: int, dtype, backend:
     return kv, state
 
 
-def read_state(state: dict, j: int, slots, fresh, backend: str):
-    """Layer j's conv and recurrent state for each row; fresh rows start from zeros."""
+def read_state(state: dict, j: int, slots, fresh, backend: str, after=None):
+    """Layer j's conv and recurrent state for each row; fresh rows start from zeros.
+
+    `after`: the layer's input. The read is made to wait for it (`ordered_after`), so a step
+    holds one layer's gathered state at a time, not every layer's at once."""
+    if after is not None:
+        slots = ordered_after(slots, after)
     conv = page_copy.gather(state["conv"][j], slots, backend=backend)
     rec = page_copy.gather(state["recurrent"][j], slots, backend=backend)
     conv = jnp.where(fresh[:, None, None], jnp.zeros_like(conv), conv)
     rec = jnp.where(fresh[:, None, None, None], jnp.zeros_like(rec), rec)
     return conv, rec
+
+
+def ordered_after(idx, x):
+    """`idx` unchanged, computed from `x`, so whatever reads through it runs after `x` exists.
+
+    Without it a step's state reads depend on nothing but the pool, and XLA's scheduler hoists
+    every layer's read to the start of the step: a decode step held all its GDN layers' float32
+    states at once (issue 33: scratch as large as the state pool, growing with layers and rows;
+    an optimization barrier does not survive XLA's CPU pipeline). `t` is 1 only for a NaN in
+    `x`, and min(idx, idx + t) is idx for t in {0, 1}: the value never changes, NaN or not,
+    and XLA cannot fold the dependence away."""
+    t = jnp.isnan(x.reshape(-1)[0]).astype(idx.dtype)
+    return jnp.minimum(idx, idx + t)
 
 
 def write_state(state: dict, j: int, slots, conv, rec, backend: str) -> dict:

@@ -110,7 +110,7 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
     for layer in lm.layers:
         h = layer.mixer_norm(x)
         if layer.kind == LINEAR:
-            conv_state, rec_state = read_state(state, lin, slots, fresh, backend)
+            conv_state, rec_state = read_state(state, lin, slots, fresh, backend, after=h)
             mixed, z, b, a = layer.gdn_project(h)
             mixed, conv_state = conv1d.causal_conv1d_prefill(mixed, conv_state, layer.conv[...], lengths,
                                                              backend=backend)
@@ -159,7 +159,7 @@ def decode_step(params, kv, state, tokens, positions, page_table, slots, *,
     for layer in lm.layers:
         h = layer.mixer_norm(x)
         if layer.kind == LINEAR:
-            conv_state, rec_state = read_state(state, lin, slots, fresh, backend)
+            conv_state, rec_state = read_state(state, lin, slots, fresh, backend, after=h)
             mixed, z, b, a = layer.gdn_project(h)
             mixed, conv_state = conv1d.causal_conv1d_update(mixed, conv_state, layer.conv[...], backend=backend)
             q, k, v, g, beta = layer.gdn_gates(mixed, b, a)

@@ -43,7 +43,7 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
     for layer in lm.layers:
         h = layer.mixer_norm(x)
         if layer.kind == LINEAR:
-            conv_state, rec_state = read_state(state, lin, slots, fresh, backend)
+            conv_state, rec_state = read_state(state, lin, slots, fresh, backend, after=h)
             mixed, z, b, a = layer.gdn_project(h)
             outs, conv_after, rec_after = [], [], []
             for t in range(t_len):  # one position at a time: the state after each is kept
