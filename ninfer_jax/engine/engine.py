@@ -17,6 +17,7 @@ loop: handles are finished, `stats()` answers from the last counters, `close()` 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import sys
@@ -83,6 +84,13 @@ class Engine:
                 print(f"[ninfer] loading {self.config.model} ({self.config.resolved_dtype})", file=sys.stderr)
             program = Program(self.config)
         self.program = program
+        reach = getattr(program, "config", self.config).max_context
+        if reach != self.config.max_context:  # CFG-6: an explicit Main KV below one max_context
+            if self.config.progress:
+                print(f"[ninfer] max_context lowered from {self.config.max_context:,} to {reach:,} tokens: the "
+                      f"Main KV holds {reach:,} (kv_capacity); a longer request is refused at submission",
+                      file=sys.stderr)
+            self.config = dataclasses.replace(self.config, max_context=reach)
         if cost_model is not None:  # set before warm-up, which then measures nothing (SRC-3)
             from ninfer_jax.program.calibrate import checked
 

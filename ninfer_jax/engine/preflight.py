@@ -34,7 +34,7 @@ from ninfer_jax.engine.intake import (chat_frontend, check_submission, generatio
 from ninfer_jax.engine.types import SamplingParams
 from ninfer_jax.errors import ConfigError
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.plan import Capacity, resolve_capacity
+from ninfer_jax.plan import Capacity, plan_capacity, with_reach
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +121,9 @@ def preflight(config: EngineConfig, prompt: str | Sequence[int] | None = None,
         generation_defaults(config.model)  # a default SamplingParams refuses fails here, not per request
     if config.chat_template is not None:
         read_chat_template(config.chat_template)
-    capacity = resolve_capacity(config, model, itemsize(config))
+    plan = plan_capacity(config, model, itemsize(config))
+    config = with_reach(config, plan)  # CFG-6: a prompt is checked against what Main KV holds
+    capacity = plan.capacity
     tokenizer, ids = None, None
     if prompt is not None and messages is not None:
         raise ConfigError("preflight", "pass a raw prompt or chat messages, not both")

@@ -19,7 +19,8 @@ the rules); the plan forms the budget they are solved against. It reads the mode
 only, never its weights.
 """
 from ninfer_jax.plan.budget import DEFAULT_DEVICE_BUDGET, SOURCES, Budget, device_budget, usable_bytes
-from ninfer_jax.plan.capacity_plan import CacheBytes, CapacityPlan, plan_capacity, resolve_capacity, with_cache_bytes
+from ninfer_jax.plan.capacity_plan import (CacheBytes, CapacityPlan, plan_capacity, resolve_capacity, with_cache_bytes,
+                                          with_reach)
 from ninfer_jax.plan.pools import Capacity, speculative_pools
 from ninfer_jax.plan.split import (DEFAULT_SPLIT_CONTEXT_SHARE, DEFAULT_SPLIT_RULE, MAX_EXTRA_STATE_SLOTS, CacheSplit,
                                    check_cache_device_bytes, check_split, default_split, split_cache_bytes)
@@ -36,5 +37,5 @@ __all__ = [
     "check_cache_device_bytes", "check_split", "compiled_program_bytes", "compiled_step_bytes",
     "compiled_step_programs", "decode_buckets", "default_split", "device_budget", "plan_capacity",
     "resolve_capacity", "size", "speculative_pools", "split_cache_bytes", "step_workspace_bytes", "token_width",
-    "usable_bytes", "with_cache_bytes", "workspace",
+    "usable_bytes", "with_cache_bytes", "with_reach", "workspace",
 ]

@@ -97,6 +97,9 @@ class CapacityPlan:
     decode_buckets: tuple[int, ...] = ()  # the decode steps' row buckets the Program compiles
     prefill_widths: tuple[int, ...] = ()  # the prefill chunk's page-table widths it compiles
     prefill_lengths: tuple[int, ...] = ()  # the prefill chunk's token lengths it compiles
+    # CFG-6: the config's max_context where an explicit kv_capacity below it lowered `max_context`
+    # to the Main KV's tokens (None: not lowered).
+    max_context_lowered_from: int | None = None
 
     @property
     def pool_bytes(self) -> int:
@@ -170,6 +173,18 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
                                   split_source=cache_bytes.split_source, **split_kw)
     max_context = asked.max_context if asked is not None else config.max_context
     per_request = cap.pages_for_tokens(max_context)
+    lowered_from = None
+    if asked is None and config.kv_capacity is not None:
+        # CFG-6 (this project): an explicit Main KV below one max_context lowers what a request
+        # may reach to the tokens it holds, instead of refusing to start; a request longer than
+        # that is refused at submission, typed (it could never run: its KV must all be on the device).
+        k = config.kv_capacity
+        explicit = cap.pages_for_tokens(k) if type(k) is int and k >= 1 else None  # else refused below
+        if explicit is not None and explicit < c:
+            raise ConfigError("kv_capacity", f"{k:,} tokens = {explicit} Main KV page{'s' * (explicit != 1)} of {cap.PAGE_TOKENS} tokens, "
+                                             f"fewer than C = {c}: CFG-6 gives each lane a page at least")
+        if explicit is not None and explicit < per_request:
+            lowered_from, max_context, per_request = max_context, explicit * cap.PAGE_TOKENS, explicit
     # 2. The steps the Program compiles, and what they take.
     buckets = decode_buckets(c)
     ws = workspace(model, itemsize, chunk_size=config.chunk_size, decode_rows=buckets[-1],
@@ -195,7 +210,7 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
             budget_bytes=budget.budget_bytes, main_page_bytes=page_bytes, state_slot_bytes=state_bytes,
             state_slots=slots, workspace_bytes=ws.bytes if budget.charged else 0,
             compiled_step_bytes=compiled if budget.charged else 0, backend_pools=backend_pools,
-            weights_bytes=weights if budget.charged else 0), hi)
+            weights_bytes=weights if budget.charged else 0), hi, max_context)
     host = config.context_cache.host_capacity_bytes
     if host is None:
         host = cap.default_host_capacity_bytes(state_bytes)
@@ -220,7 +235,7 @@ def plan_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, de
         state_slots=slots, state_slot_bytes=state_bytes, kv_pages=pages, kv_page_bytes=page_bytes,
         kv_page_range=(lo, hi), kv_limited_by=limited_by, host_arena_bytes=host, pages_per_request=per_request,
         default_split=share, default_split_pools=at, cache=asked, decode_buckets=buckets,
-        prefill_widths=widths, prefill_lengths=lengths)
+        prefill_widths=widths, prefill_lengths=lengths, max_context_lowered_from=lowered_from)
 
 
 def _split_kw(config: EngineConfig, cache_bytes: CacheBytes | None,
@@ -233,17 +248,18 @@ def _split_kw(config: EngineConfig, cache_bytes: CacheBytes | None,
                 skip_too_long=cache_bytes.skip_too_long, backend_pools=backend_pools)
 
 
-def _main_kv(config: EngineConfig, budget: Budget, device: cap.DeviceBudget, hi: int) -> tuple[int, str]:
+def _main_kv(config: EngineConfig, budget: Budget, device: cap.DeviceBudget, hi: int,
+             max_context: int) -> tuple[int, str]:
     """Main KV pages (the ledger's CFG-2/CFG-6 rules) and what limited them."""
     c = config.max_concurrency
     try:
         if config.kv_capacity is None:
-            pages = cap.solve_kv_pages(device, config.max_context, c)
+            pages = cap.solve_kv_pages(device, max_context, c)
             return pages, ("CFG-6 upper bound" if pages == hi else
                            "device memory" if budget.charged else "default budget")
         # CFG-6: an explicit capacity must fit device memory too, where the device is known;
         # the CPU default budget sizes solved capacities only.
-        pages = cap.resolve_kv_pages(config.kv_capacity, config.max_context, c, device if budget.charged else None)
+        pages = cap.resolve_kv_pages(config.kv_capacity, max_context, c, device if budget.charged else None)
         return pages, "kv_capacity"
     except cap.CapacityConfigError as e:
         raise ConfigError("kv_capacity", str(e)) from None
@@ -282,6 +298,14 @@ def with_cache_bytes(plan: CapacityPlan, model: ModelConfig, cache_device_bytes:
     cache = at if split is None else split_cache_bytes(model, plan.itemsize, cache_device_bytes,
                                                        plan.max_concurrency, split=split, **kw)
     return dataclasses.replace(plan, default_split=share, default_split_pools=at, cache=cache)
+
+
+def with_reach(config: EngineConfig, plan: CapacityPlan) -> EngineConfig:
+    """`config` with the plan's `max_context`: the same config unless the plan lowered it to
+    what an explicit Main KV holds (CFG-6, `max_context_lowered_from`)."""
+    if plan.max_context_lowered_from is None or plan.max_context == config.max_context:
+        return config
+    return dataclasses.replace(config, max_context=plan.max_context)
 
 
 def resolve_capacity(config: EngineConfig, model: ModelConfig, itemsize: int, *, device=None,

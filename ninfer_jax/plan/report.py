@@ -15,6 +15,7 @@ def as_dict(plan) -> dict[str, Any]:
     return {
         "model": plan.model, "model_type": plan.model_type, "dtype": plan.dtype, "itemsize": plan.itemsize,
         "max_concurrency": plan.max_concurrency, "max_context": plan.max_context,
+        "max_context_lowered_from": plan.max_context_lowered_from,
         "chunk_size": plan.chunk_size, "backend": plan.backend,
         "budget": {"source": plan.source, "device": plan.device, "device_bytes": plan.device_bytes,
                    "device_in_use_bytes": plan.device_in_use_bytes,
@@ -56,6 +57,13 @@ def _split_row(plan) -> str:
     return f"S = {plan.default_split:.4g}, {DEFAULT_SPLIT_RULE}{where}"
 
 
+def _lowered(plan) -> str:
+    """CFG-6: the Main KV row's note when kv_capacity lowered max_context."""
+    was = plan.max_context_lowered_from
+    return "" if was is None else (f"; below one max_context of {was:,}: max_context lowered to {plan.max_context:,}, "
+                                   f"a longer request is refused")
+
+
 def rows(plan) -> list[tuple[str, int | None, str]]:
     """(label, bytes or None, the reason for the figure), in `ninfer plan`'s order."""
     ws = plan.workspace
@@ -80,7 +88,7 @@ def rows(plan) -> list[tuple[str, int | None, str]]:
     out += [
         ("weights", plan.weights_bytes, f"{plan.parameters:,} parameters × {plan.itemsize} B{nc}"),
         ("Main KV", plan.kv_bytes, f"{plan.kv_pages:,} pages × {size(plan.kv_page_bytes)} = {plan.kv_tokens:,} "
-                                   f"tokens; {plan.kv_limited_by} (CFG-6 range {lo:,}..{hi:,} pages)"),
+                                   f"tokens; {plan.kv_limited_by} (CFG-6 range {lo:,}..{hi:,} pages){_lowered(plan)}"),
         ("StateImage slots", plan.state_bytes, f"{plan.state_slots} × {size(plan.state_slot_bytes)} "
                                                f"({plan.state_slot_bytes:,} B): {plan.max_concurrency} basic + "
                                                f"{plan.state_slots - plan.max_concurrency} device_state_slots"),

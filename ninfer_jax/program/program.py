@@ -33,7 +33,7 @@ from ninfer_jax.model.spec_steps import MTP_POOL
 from ninfer_jax.model.compiled import CompiledSteps
 from ninfer_jax.model.pools import PAGE_SIZE, init_pools
 from ninfer_jax.model import token_mask
-from ninfer_jax.plan import Capacity, CapacityPlan, plan_capacity
+from ninfer_jax.plan import Capacity, CapacityPlan, plan_capacity, with_reach
 from ninfer_jax.plan.workspace import DECODE_BUCKETS, decode_buckets  # noqa: F401 (defined with the plan)
 from ninfer_jax.program import calibrate
 from ninfer_jax.program.stores import ProgramStores
@@ -79,6 +79,7 @@ class Program:
         # CFG-2: the weights are on the device already; its bytes_in_use must not count them twice.
         resident = sum(leaf.nbytes for leaf in jax.tree.leaves(self.model.params))
         self.plan: CapacityPlan = plan_capacity(config, cfg, itemsize, resident_bytes=resident)
+        self.config = config = with_reach(config, self.plan)  # CFG-6: max_context as Main KV allows
         self.capacity: Capacity = self.plan.capacity
         kv, state = init_pools(cfg, self.capacity.kv_pages, self.capacity.state_slots, self.model.dtype,
                                config.backend)

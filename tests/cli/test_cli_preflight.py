@@ -35,7 +35,10 @@ def _refused(result, command, line_start):
     (["--max_concurrency=9"], "ConfigError: max_concurrency: C must be an int in [1, 8]"),
     (["--max_context=1"], "ConfigError: max_context: must be an int >= 2"),
     (["--chunk_size=0"], "ConfigError: chunk_size: "),
-    (["--kv_capacity=10"], "ConfigError: kv_capacity: "),
+    (["--kv_capacity=10", "--max_concurrency=2"], "ConfigError: kv_capacity: 10 tokens = 1 Main KV page of 64 tokens, fewer than C = 2"),
+    # CFG-6: a Main KV below one max_context lowers it; a prompt beyond what Main KV holds is refused
+    (["--kv_capacity=256", "--max_context=1024", "--token_ids=" + ",".join(["7"] * 300)],
+     "RequestError: prompt: 300 tokens exceed max_context=256"),
     (["--max_context=100000000"], "ConfigError: kv_capacity: "),  # cannot fit the 1 GiB default budget
     (["--device_state_slots=-1"], "ConfigError: context_cache.device_state_slots: "),
     (["--host_capacity_bytes=-1"], "ConfigError: context_cache.host_capacity_bytes: "),
