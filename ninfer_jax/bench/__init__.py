@@ -19,6 +19,7 @@ BENCHES = {
     "prefill": "ninfer_jax.bench.prefill_bench",
     "structured": "ninfer_jax.bench.structured_bench",
     "optimum": "ninfer_jax.bench.optimum_bench",
+    "scanmix": "ninfer_jax.bench.scanmix_bench",
 }
 
 

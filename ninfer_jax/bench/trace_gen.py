@@ -267,6 +267,20 @@ def agent_long_sessions(n: int, seed: int, shape: AgentLongShape = AgentLongShap
     return out
 
 
+def one_off_lines(n: int, seed: int, t_end: float, max_context: int = 2048) -> list[dict]:
+    """`n` one-turn chat requests (sessions `oneoff-NNNN`), each with a system prompt of its own,
+    at uniform times in [0, t_end): the scan a long-lived service sees between conversation turns
+    (classification, extraction, one question), which shares nothing with them or each other."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        sess = _Session(f"oneoff-{i:04d}", rng.uniform(0, t_end), None, max_context)
+        messages = [{"role": "system", "content": _text(rng, 60, 160)}, {"role": "user", "content": _text(rng, 8, 60)}]
+        sess.add(rng, messages, {"role": "assistant", "content": _text(rng, 15, 60)}, rng.randint(16, 48))
+        out += sess.lines
+    return out
+
+
 def generate(kind: str, sessions: int, seed: int = 0, max_context: int = 2048,
              shape: AgentLongShape | None = None) -> list[dict]:
     """The trace's lines, in timestamp order. `shape`: agent_long's knobs (default AgentLongShape())."""
