@@ -439,7 +439,13 @@ def forward(params: dict, cfg: DFlashConfig, target_features: jax.Array, ctx_pos
 def draft_logits(cfg: DFlashConfig, hidden: jax.Array, lm_head: jax.Array, *, tied: bool = False) -> jax.Array:
     """float32 logits `[..., V]` from the TARGET's head: lm_head `[H, V]`, or with `tied` its
     embedding `[V, H]`; then the drafter's output_multiplier and softcap when it declares them."""
-    logits = matmul(hidden, lm_head, w_nk=tied).astype(jnp.float32) * cfg.output_multiplier
+    return scale_logits(cfg, matmul(hidden, lm_head, w_nk=tied))
+
+
+def scale_logits(cfg: DFlashConfig, logits: jax.Array) -> jax.Array:
+    """The target head's logits as the drafter uses them: float32, times its output_multiplier,
+    softcapped where it declares final_logit_softcapping."""
+    logits = logits.astype(jnp.float32) * cfg.output_multiplier
     if cfg.final_logit_softcapping:
         c = cfg.final_logit_softcapping
         logits = jnp.tanh(logits / c) * c

@@ -80,7 +80,7 @@ def main_attention_chunk(layer, h, positions, kv, attn: int, page_table, start_p
 def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slots, *,
                   cfg: ModelConfig, backend: str = "xla", all_logits: bool = False,
                   merger: Merger | None = None, with_final: bool = False, write_hidden: bool = True,
-                  embeds=None, embed_rows=None, rope=None):
+                  embeds=None, embed_rows=None, rope=None, capture: tuple[int, ...] = ()):
     """tokens `[R, T]`, start_pos/lengths/slots `[R]`, page_table `[R, P]`; `params` the
     model's split leaves with their `merger`, or the params dict (merger None).
 
@@ -93,7 +93,8 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
     `[R, T, V]` with all_logits), hidden `[R, H]` the continuation hidden of that token; with
     `with_final`, also the final-normed hidden of every position `[R, T, H]` (the MTP layers'
     input, spec_steps.py). `write_hidden=False` leaves the slots' continuation hidden to the
-    caller (`write_hidden_state`).
+    caller (`write_hidden_state`). `capture` (target layer ids, a DFlash drafter's): the
+    outputs of those layers `[R, T, n·H]` are returned last (`layer_outputs`).
     """
     check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg)
     check_prefill_media(tokens, embeds, embed_rows, rope, cfg)
@@ -107,7 +108,8 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
     if embeds is not None:
         x = jnp.where(embed_rows[..., None], embeds.astype(x.dtype), x)
     lin = attn = 0
-    for layer in lm.layers:
+    outputs = {}
+    for i, layer in enumerate(lm.layers):
         h = layer.mixer_norm(x)
         if layer.kind == LINEAR:
             conv_state, rec_state = read_state(state, lin, slots, fresh, backend, after=h)
@@ -129,14 +131,24 @@ def prefill_chunk(params, kv, state, tokens, start_pos, lengths, page_table, slo
                                          rope)
             attn += 1
         x = layer.feed_forward(x + h, valid)  # padding tokens run no expert
+        if i in capture:
+            outputs[i] = x
     final = lm.final_norm(x)  # [R, T, H]
     last = final[jnp.arange(r), jnp.maximum(lengths - 1, 0)]
     if write_hidden:
         state = write_hidden_state(state, slots, lengths, last, backend=backend)
     logits = lm.logits(final if all_logits else last)
-    if with_final:
-        return logits, last, kv, state, final
-    return logits, last, kv, state
+    out = (logits, last, kv, state) + ((final,) if with_final else ())
+    if capture:
+        out += (layer_outputs(outputs, final, capture, len(lm.layers)),)
+    return out
+
+
+def layer_outputs(outputs: dict, final, capture: tuple[int, ...], num_layers: int):
+    """`[..., n·H]`: the outputs of the `capture` layers, concatenated in its order, as
+    transformers' `hidden_states[i + 1]` gives them: the last layer's is the final-normed
+    hidden (a DFlash drafter's target features, dflash_steps.py)."""
+    return jnp.concatenate([final if i == num_layers - 1 else outputs[i] for i in capture], axis=-1)
 
 
 def decode_step(params, kv, state, tokens, positions, page_table, slots, *,

@@ -17,12 +17,12 @@ import jax.numpy as jnp
 
 from ninfer_jax.model.config import LINEAR, ModelConfig
 from ninfer_jax.model.pools import check_prefill_args, read_state
-from ninfer_jax.model.steps import main_attention_chunk, model_module
+from ninfer_jax.model.steps import layer_outputs, main_attention_chunk, model_module
 from pallas_kernels import conv1d, gdn, page_copy
 
 
 def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots, *, cfg: ModelConfig,
-                backend: str = "xla", merger=None, rope=None):
+                backend: str = "xla", merger=None, rope=None, capture: tuple[int, ...] = ()):
     """tokens `[B, T]` (ledger[frontier] then the drafts), start_pos `[B]` the execution frontier,
     lengths `[B]` valid positions (0: padding row), page_table `[B, P]` into Main KV, slots `[B]`
     the rows' StateImage slots (read, not written). `params`/`merger` as for `prefill_chunk`;
@@ -30,7 +30,8 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
 
     Returns (logits `[B, T, V]`, final `[B, T, H]` (final-normed hidden per position), kv,
     verified) with verified = {"conv": per GDN layer `[B, T, K-1, C]`, "recurrent": per GDN
-    layer `[B, T, Hv, Dk, Dv]` float32}: the state after each position."""
+    layer `[B, T, Hv, Dk, Dv]` float32}: the state after each position. `capture` (a DFlash
+    drafter's target layer ids): those layers' outputs `[B, T, n·H]` are returned last."""
     check_prefill_args(kv, state, tokens, start_pos, lengths, page_table, slots, cfg, where="verify_step")
     lm = model_module(params, cfg, merger)
     t_len = tokens.shape[1]
@@ -40,7 +41,8 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
     x = lm.embed_tokens(tokens)
     convs, recs = [], []
     lin = attn = 0
-    for layer in lm.layers:
+    outputs = {}
+    for i, layer in enumerate(lm.layers):
         h = layer.mixer_norm(x)
         if layer.kind == LINEAR:
             conv_state, rec_state = read_state(state, lin, slots, fresh, backend, after=h)
@@ -62,8 +64,13 @@ def verify_step(params, kv, state, tokens, start_pos, lengths, page_table, slots
                                          rope)
             attn += 1
         x = layer.feed_forward(x + h, valid)  # padding runs no expert
+        if i in capture:
+            outputs[i] = x
     final = lm.final_norm(x)
-    return lm.logits(final), final, kv, {"conv": tuple(convs), "recurrent": tuple(recs)}
+    out = (lm.logits(final), final, kv, {"conv": tuple(convs), "recurrent": tuple(recs)})
+    if capture:
+        out += (layer_outputs(outputs, final, capture, len(lm.layers)),)
+    return out
 
 
 def keep_verified(state, slots, verified, final, keep, *, backend: str = "xla"):
