@@ -40,8 +40,12 @@ flags.DEFINE_integer("max_concurrency", None, "Engine: requests decoded together
 flags.DEFINE_integer("max_context", None, "Engine: longest prompt + generation, in tokens.")
 flags.DEFINE_integer("chunk_size", None, "Engine: prefill chunk length in tokens.")
 flags.DEFINE_integer("kv_capacity", None, "Engine: Main KV capacity in tokens.")
-flags.DEFINE_integer("speculative_tokens", None, "Engine: MTP draft tokens verified per decode step (0 = off, "
-                     "1..4; the model needs an MTP head).")
+flags.DEFINE_integer("speculative_tokens", None, "Engine: draft tokens verified per decode step (0 = off; 1..4 "
+                     "with mtp, which needs an MTP head; up to the drafter's block_size - 1 with dflash).")
+flags.DEFINE_string("speculative_method", None, "Engine: where drafts come from: mtp (the model's MTP head) or "
+                    "dflash (the DFlash drafter in --draft_model).")
+flags.DEFINE_string("draft_model", None, "Engine: a DFlash drafter folder as published (config.json + "
+                    "safetensors), with --speculative_method=dflash.")
 flags.DEFINE_enum("pause_route", None, ["auto", "snapshot", "replay"],
                   "Engine: how a preempted request keeps its work (auto: the cost model compares copying to Host "
                   "with recomputing).")
@@ -98,7 +102,8 @@ def engine_settings() -> dict:
     """The engine flags as EngineConfig / ContextCacheConfig fields (None: not given)."""
     return {"dtype": FLAGS.dtype, "max_concurrency": FLAGS.max_concurrency, "max_context": FLAGS.max_context,
             "chunk_size": FLAGS.chunk_size, "kv_capacity": FLAGS.kv_capacity, "pause_route": FLAGS.pause_route,
-            "speculative_tokens": FLAGS.speculative_tokens, "device_state_slots": FLAGS.device_state_slots,
+            "speculative_tokens": FLAGS.speculative_tokens, "speculative_method": FLAGS.speculative_method,
+            "draft_model": FLAGS.draft_model, "device_state_slots": FLAGS.device_state_slots,
             "host_capacity_bytes": FLAGS.host_capacity_bytes, "device_memory_bytes": FLAGS.device_memory_bytes,
             "device_memory_fraction": FLAGS.device_memory_fraction, "branch_points": FLAGS.branch_points,
             "media_cache_bytes": FLAGS.media_cache_bytes, "allowed_local_media_path": FLAGS.allowed_local_media_path,

@@ -22,13 +22,14 @@ HELPFULL_ARGS = ("--helpfull", "-helpfull")
 SAMPLING = ("max_tokens", "temperature", "seed")
 MODEL = ("model", "dtype")
 ENGINE = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "pause_route", "speculative_tokens",
-          "device_state_slots", "host_capacity_bytes", "branch_points", "device_memory_bytes", "device_memory_fraction",
+          "speculative_method", "draft_model", "device_state_slots", "host_capacity_bytes", "branch_points", "device_memory_bytes", "device_memory_fraction",
           "compilation_cache", "chat_template")
 # Image and video input (a checkpoint with a vision tower).
 MEDIA = ("media_cache_bytes", "allowed_local_media_path", "allow_media_urls", "max_input_pixels", "max_input_frames")
 # What sizes the capacity plan (ninfer plan); the other engine flags are accepted and change nothing.
 CAPACITY = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "device_state_slots",
-            "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction", "speculative_tokens")
+            "host_capacity_bytes", "device_memory_bytes", "device_memory_fraction", "speculative_tokens",
+            "speculative_method", "draft_model")
 
 # The sizes `ninfer lower` lowers the Program's steps at (its capacity plan, as ninfer plan's).
 LOWER_SIZES = ("max_concurrency", "max_context", "chunk_size", "kv_capacity", "device_state_slots",

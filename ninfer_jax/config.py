@@ -14,6 +14,8 @@ from ninfer_jax.errors import ConfigError
 
 BACKENDS = ("xla", "pallas", "interpret")
 DTYPES = ("auto", "float32", "bfloat16")
+SPECULATIVE_METHODS = ("mtp", "dflash")  # issue 35; dflash2 is refused as not built
+MAX_DFLASH_TOKENS = 15  # k with a DFlash drafter; its own block_size - 1 bounds it too (plan/pools.py)
 PAUSE_ROUTES = ("auto", "snapshot", "replay")  # PAUSE-2: how a preempted request keeps its work
 DEFAULT_DEVICE_MEMORY_FRACTION = 0.9  # CFG-2: the share of the device's memory the engine plans with
 
@@ -117,9 +119,13 @@ class EngineConfig:
     # PAUSE-2: Snapshot (copy the unique content to Host, read it back on resume) or Replay
     # (recompute what was computed); "auto" lets the cost model compare copy vs recompute.
     pause_route: str = "auto"
-    # Speculative decoding with the checkpoint's MTP head (issue 17): k drafts per decode row,
-    # verified by the main model in one step (0: off, 1..4). Needs mtp_num_hidden_layers > 0.
+    # Speculative decoding (issue 17): k drafts per decode row, verified by the main model in one
+    # step (0: off; 1..4 with the checkpoint's MTP head, which needs mtp_num_hidden_layers > 0).
     speculative_tokens: int = 0
+    # the drafts' source (issue 35): "mtp", the model's own MTP head; "dflash", the DFlash drafter
+    # in `draft_model` (a folder as published), k up to its block_size - 1
+    speculative_method: str = "mtp"
+    draft_model: str | None = None
     media: MediaConfig = dataclasses.field(default_factory=MediaConfig)  # image and video input
     # A jinja file whose text replaces the tokenizer's chat template (chat, the HTTP routes, gRPC
     # Chat); read and compiled before any weight loads (engine/intake.py read_chat_template).
@@ -153,9 +159,21 @@ class EngineConfig:
             raise ConfigError("max_queue", f"must be a positive int, got {self.max_queue!r}")
         if self.pause_route not in PAUSE_ROUTES:
             raise ConfigError("pause_route", f"must be one of {PAUSE_ROUTES}, got {self.pause_route!r}")
-        k = self.speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 4:
-            raise ConfigError("speculative_tokens", f"must be an int in [0, 4] (0: off), got {k!r}")
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            if self.speculative_method == "dflash2":
+                raise ConfigError("speculative_method", "dflash2 is not built yet; use mtp or dflash")
+            raise ConfigError("speculative_method", f"must be one of {SPECULATIVE_METHODS}, got "
+                                                    f"{self.speculative_method!r}")
+        k, most = self.speculative_tokens, 4 if self.speculative_method == "mtp" else MAX_DFLASH_TOKENS
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= most:
+            raise ConfigError("speculative_tokens", f"must be an int in [0, {most}] (0: off) with "
+                                                    f"speculative_method={self.speculative_method}, got {k!r}")
+        if self.speculative_method == "dflash":
+            if not isinstance(self.draft_model, str) or not self.draft_model:
+                raise ConfigError("draft_model", "speculative_method=dflash needs the drafter's folder")
+        elif self.draft_model is not None:
+            raise ConfigError("draft_model", f"a drafter folder goes with speculative_method=dflash, not "
+                                             f"{self.speculative_method}")
         if not isinstance(self.context_cache, ContextCacheConfig):
             raise ConfigError("context_cache", "must be a ContextCacheConfig")
         if not isinstance(self.media, MediaConfig):

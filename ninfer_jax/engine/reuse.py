@@ -64,6 +64,8 @@ class ContextCache:
         # KV pools a sequence holds pages in: Main KV, and the MTP backend KV with speculative
         # decoding (RES-1: its pages come with every unit, capture and bind like Main KV's).
         self.mtp = bool(program.speculative_tokens)
+        # the drafts' backend KV pool: the MTP layers' or a DFlash drafter's context (issue 35)
+        self.spec_pool = getattr(program, "spec_pool", MTP_POOL)
         self.cache = ledger.empty_cache()
         # the one context transaction, in flight across cycles (TXN-1, SCH-9)
         self.txns = Transactions(self, program, counters, events)
@@ -272,7 +274,7 @@ class ContextCache:
             if permit is None:
                 permit = view.permit
             pages = view.pages(MAIN_KV)
-            mtp = view.pages(MTP_POOL)
+            mtp = view.pages(self.spec_pool)
             self._drop_stale_host(view.state_object, (pages, mtp), cand.frontier)
             if not resume:
                 self.counters["cache_queries"] += 1  # one per fresh admission: hits / queries
@@ -342,7 +344,7 @@ class ContextCache:
         speculative decoding the MTP backend KV pages are held and captured alongside (CKP-1)."""
         kv = ((MAIN_KV, tuple(page_objects)),)
         if self.mtp:
-            kv += ((MTP_POOL, tuple(mtp_objects)),)
+            kv += ((self.spec_pool, tuple(mtp_objects)),)
         return SequenceView(request, ident, state_object, kv)
 
     def view_of(self, req: Request) -> SequenceView:
@@ -353,7 +355,7 @@ class ContextCache:
     def unit_pools(self, pages: int) -> dict:
         """The typed pool units of a unit needing `pages` more Main KV pages (RES-1): the same
         count of MTP backend KV pages with speculative decoding (same page size, same frontier)."""
-        return {MAIN_KV: pages, MTP_POOL: pages} if self.mtp else {MAIN_KV: pages}
+        return {MAIN_KV: pages, self.spec_pool: pages} if self.mtp else {MAIN_KV: pages}
 
     def observe(self, request, ident: ledger.InputIdentity, lo: int, hi: int, candidates: Sequence[int]) -> None:
         """HEAT-2: compute demand of a new prefill commit (never for Replay, PAUSE-5)."""

@@ -15,7 +15,6 @@ import ledger
 from ledger import MAIN_KV, Refusal, UnitDemand, UnitKind
 from ledger.driver import chunk_end
 from ninfer_jax.engine.request import DECODE, PREFILL, Request
-from ninfer_jax.model.spec_steps import MTP_POOL
 
 PAGE = ledger.PAGE_TOKENS
 # A unit whose pages are all bound already (most decode steps: one page holds PAGE tokens)
@@ -218,7 +217,7 @@ class UnitPlanning:
                     req.page_objects.append(obj)
                     req.pages.append(unit)
                 if self.spec_k:  # the MTP backend KV pages of the same positions (RES-1)
-                    plan = ledger.plan_allocate(self.program.state, MTP_POOL, n, req.key, permit_id=pid)
+                    plan = ledger.plan_allocate(self.program.state, self.reuse.spec_pool, n, req.key, permit_id=pid)
                     self.program.commit(plan)
                     for obj, _, unit in plan.proof.allocated:
                         req.mtp_page_objects.append(obj)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from ninfer_jax.compile_cache import compile_counted
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model import token_mask
-from ninfer_jax.model import spec_steps
+from ninfer_jax.model import dflash_steps, spec_steps
 from ninfer_jax.model.model import Model
 from ninfer_jax.model.mtp_steps import MTPSteps
 from ninfer_jax.model.pools import (
@@ -73,10 +73,16 @@ def spec_commit_media(params, state, mtp, verified, final, drafts, positions, ke
                                   delta=delta, **kw)
 
 
-def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = None):
+def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = None, dcfg=None):
     """The jitted step `kind` (prefill, decode, prefill_spec, spec_decode with `k` drafts,
     spec_commit, prefill_media, decode_media) of a model split into `merger` and leaves, its
-    pools donated (_DONATED)."""
+    pools donated (_DONATED). `dcfg`: a DFlash drafter's config; the speculative steps are then
+    dflash_steps' (their params: the target's leaves and the drafter's)."""
+    if dcfg is not None and kind in _DFLASH:
+        fn = functools.partial(_DFLASH[kind], k=k) if kind == "spec_decode" else _DFLASH[kind]
+        return jax.jit(functools.partial(fn, cfg=cfg, dcfg=dcfg, backend=backend, merger=merger),
+                       static_argnames=("all_logits",) if kind == "prefill_spec" else (),
+                       donate_argnums=_DONATED[kind])
     fn = {"prefill": prefill_chunk, "decode": decode_step, "prefill_spec": spec_steps.prefill_spec,
           "spec_decode": functools.partial(spec_steps.spec_decode, k=k), "spec_commit": spec_steps.spec_commit,
           "prefill_media": prefill_media, "decode_media": decode_media, "prefill_spec_media": prefill_spec_media,
@@ -84,6 +90,10 @@ def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = 
     static = ("all_logits",) if kind in ("prefill", "prefill_media", "prefill_spec", "prefill_spec_media") else ()
     return jax.jit(functools.partial(fn, cfg=cfg, backend=backend, merger=merger), static_argnames=static,
                    donate_argnums=_DONATED[kind])
+
+
+_DFLASH = {"prefill_spec": dflash_steps.prefill_spec, "spec_decode": dflash_steps.spec_decode,
+           "spec_commit": dflash_steps.spec_commit}
 
 
 def _pool_signature(kv, state) -> tuple:
@@ -119,6 +129,7 @@ class CompiledSteps:
         self._prefill = jit_step("prefill", model.config, backend, merger)
         self._decode = jit_step("decode", model.config, backend, merger)
         self._media: dict[str, object] = {}  # the media variants, jitted at their first call
+        self.drafter_config = None  # a DFlash drafter's config once its steps are enabled
 
     def bind_pools(self, kv, state) -> None:
         """Declare the pools these steps will run on. Buckets are keyed by the per-call shapes
@@ -216,10 +227,21 @@ class CompiledSteps:
         return self._run("decode_media", self._media_step("decode_media"), args + (rope,), {}, check)
 
     # ---- speculative decoding (spec_steps.py) ----------------------------------------------
-    def enable_speculative(self, k: int) -> None:
+    def enable_speculative(self, k: int, drafter=None) -> None:
         """Build the MTP steps for `k` drafts per row (spec_steps.py): the model with its MTP head
         split once over the same device arrays (mtp_steps.MTPSteps), the pools donated as above
-        (the MTP pool too; the state only where it is written)."""
+        (the MTP pool too; the state only where it is written). With `drafter` (a
+        `dflash.Drafter`), the DFlash steps instead (dflash_steps.py), over the drafter's
+        context pool; its params go to the device in the model's dtype."""
+        self.drafter_config = None if drafter is None else drafter.config
+        if drafter is not None:
+            merger, leaves = self.model.functional
+            self.speculative_tokens = k
+            self._spec_leaves = (leaves, jax.tree.map(lambda a: jnp.asarray(a, self.model.dtype), drafter.params))
+            self._spec_merger = merger
+            self._spec = {kind: jit_step(kind, self.model.config, self.backend, merger, k, drafter.config)
+                          for kind in _DFLASH}
+            return
         mtp = MTPSteps.for_model(self.model, self.backend)
         self.speculative_tokens = k
         self._spec_leaves = mtp.leaves
@@ -231,6 +253,8 @@ class CompiledSteps:
     def _spec_step(self, kind: str):
         """The speculative step `kind`; a media variant is jitted at its first call."""
         if kind not in self._spec:
+            if self.drafter_config is not None:  # refused where it could arise (config.py)
+                raise ValueError(f"{kind}: media with a DFlash drafter is not built")
             self._spec[kind] = jit_step(kind, self.model.config, self.backend, self._spec_merger,
                                         self.speculative_tokens)
         return self._spec[kind]

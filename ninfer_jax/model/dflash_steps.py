@@ -32,6 +32,8 @@ import jax.numpy as jnp
 
 from ninfer_jax.model import dflash
 from ninfer_jax.model.pools import PAGE_SIZE
+from ninfer_jax.model.steps import prefill_chunk
+from ninfer_jax.model.verify_step import keep_verified, verify_step
 from pallas_kernels import paged_attention
 from pallas_kernels._common import storage_dtype, unpacked
 
@@ -92,3 +94,49 @@ def draft(dparams: dict, dcfg: dflash.DFlashConfig, pool: dict, embed, logits_of
     hidden = jax.vmap(one)(ctx_k, ctx_v, positions, embeds, block_pos)  # [R, bs, H]
     logits = dflash.scale_logits(dcfg, logits_of(hidden[:, 1:]))
     return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits
+
+
+# ---- the engine's speculative steps with a DFlash drafter (the MTP ones' signatures) ------------
+# `params` is (the target's split leaves, the drafter's params); `pool`/`table` the drafter's
+# context pool and the rows' page tables into it (the MTP pool's place in spec_steps.py).
+
+def prefill_spec(params, kv, state, pool, tokens, start_pos, lengths, page_table, table, slots, *, cfg, dcfg,
+                 merger, backend: str = "xla", all_logits: bool = False):
+    """A main prefill chunk that also appends the chunk's positions to the drafter's context.
+    Returns (logits, hidden, kv, state, pool)."""
+    leaves, dparams = params
+    logits, last, kv, state, features = prefill_chunk(leaves, kv, state, tokens, start_pos, lengths, page_table,
+                                                      slots, cfg=cfg, backend=backend, merger=merger,
+                                                      all_logits=all_logits, capture=dcfg.target_layer_ids)
+    pool = write_context(dparams, dcfg, pool, features, start_pos, lengths, table, backend=backend)
+    return logits, last, kv, state, pool
+
+
+def spec_decode(params, kv, state, pool, tokens, positions, page_table, table, slots, wanted, *, k: int, cfg, dcfg,
+                merger, backend: str = "xla"):
+    """tokens `[B]` ledger[n], positions `[B]` the frontier n (context 0..n-1 in the pool), wanted
+    `[B]` drafts to verify (0..k). One block per row drafts d1..dk, then the Verify unit scores
+    ledger[n], d1..dk at n..n+k. Nothing is committed. Returns (logits `[B, k+1, V]`, drafts
+    `[B, k]`, final, verified (with the positions' target features under "features"), kv, pool)."""
+    leaves, dparams = params
+    lm = merger(leaves)
+    drafts, _ = draft(dparams, dcfg, pool, lm.embed_tokens, lm.logits, tokens, positions, table)
+    drafts = drafts[:, :k]
+    lengths = jnp.where(slots >= 0, wanted + 1, 0).astype(jnp.int32)
+    logits, final, kv, verified, features = verify_step(leaves, kv, state, jnp.concatenate([tokens[:, None], drafts], 1),
+                                                        positions, lengths, page_table, slots, cfg=cfg,
+                                                        backend=backend, merger=merger,
+                                                        capture=dcfg.target_layer_ids)
+    return logits, drafts, final, dict(verified, features=features), kv, pool
+
+
+def spec_commit(params, state, pool, verified, final, drafts, positions, keep, table, slots, *, cfg, dcfg, merger,
+                backend: str = "xla"):
+    """Commit `keep[r]` accepted drafts: the state after position n+keep into the slot, and the
+    context of positions n..n+keep (ledger[n] and the accepted drafts) appended to the pool.
+    Returns (state, pool)."""
+    _, dparams = params
+    state = keep_verified(state, slots, verified, final, keep, backend=backend)
+    lengths = jnp.where(slots >= 0, keep + 1, 0).astype(jnp.int32)
+    pool = write_context(dparams, dcfg, pool, verified["features"], positions, lengths, table, backend=backend)
+    return state, pool

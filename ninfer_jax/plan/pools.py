@@ -23,10 +23,14 @@ class Capacity:
 
 def speculative_pools(config: EngineConfig, model: ModelConfig, itemsize: int) -> tuple[tuple[int, int], ...]:
     """The backend KV pools of `config` (RES-1): with `speculative_tokens`, the MTP layers' K/V in
-    64-token pages of their own geometry, as many tokens as the Main KV (spec_steps.MTP_POOL);
-    else none. A ConfigError when the model has no MTP layers."""
+    64-token pages of their own geometry, as many tokens as the Main KV (spec_steps.MTP_POOL), or
+    a DFlash drafter's context K/V likewise (dflash_steps.DFLASH_POOL); else none. A ConfigError
+    when the model has no MTP layers, or the drafter does not fit (`drafter_config`)."""
     if not config.speculative_tokens:
         return ()
+    if config.speculative_method == "dflash":
+        dcfg = drafter_config(config, model)
+        return ((cap.PAGE_TOKENS, dcfg.kv_bytes_per_token(itemsize) * cap.PAGE_TOKENS),)
     n = model.mtp_num_hidden_layers
     if not n:
         raise ConfigError("speculative_tokens", f"{config.model} has no MTP head (config mtp_num_hidden_layers "
@@ -37,3 +41,17 @@ def speculative_pools(config: EngineConfig, model: ModelConfig, itemsize: int) -
 def backend_pool_bytes(kv_pages: int, backend_pools: tuple[tuple[int, int], ...]) -> int:
     """Bytes of the backend pools that go with `kv_pages` Main KV pages (as many tokens each)."""
     return sum(cap.backend_pages(kv_pages, pt) * pb for pt, pb in backend_pools)
+
+
+def drafter_config(config: EngineConfig, model: ModelConfig):
+    """The DFlash drafter of `config` (its config.json only: no weight is read), checked against
+    the target `model` and k (issue 35): a ConfigError or CheckpointError naming what is wrong,
+    before anything loads."""
+    from ninfer_jax.model import dflash
+
+    dcfg, _ = dflash.load_dflash_config(config.draft_model)
+    dflash.check_drafter_fits(dcfg, model)
+    if config.speculative_tokens > dcfg.block_size - 1:
+        raise ConfigError("speculative_tokens", f"{config.speculative_tokens} drafts: the drafter's block of "
+                                                f"{dcfg.block_size} positions drafts at most {dcfg.block_size - 1}")
+    return dcfg

@@ -30,6 +30,9 @@ from ninfer_jax.model.model import Model, lm_head, load_model
 from ninfer_jax.model.multimodal import encode_media
 from ninfer_jax.model.mtp_steps import init_mtp_pool
 from ninfer_jax.model.spec_steps import MTP_POOL
+from ninfer_jax.errors import ConfigError
+from ninfer_jax.model.dflash import load_drafter
+from ninfer_jax.model.dflash_steps import DFLASH_POOL, init_dflash_pool
 from ninfer_jax.model.compiled import CompiledSteps
 from ninfer_jax.model.pools import PAGE_SIZE, init_pools
 from ninfer_jax.model import token_mask
@@ -86,18 +89,30 @@ class Program:
         self.speculative_tokens = config.speculative_tokens
         pools = [UnitPool(ledger.MAIN_KV, ledger.KV_PAGES, kv, PAGE_SIZE),
                  UnitPool(ledger.STATE_POOL, ledger.STATE_SLOTS, state)]
-        if self.speculative_tokens:  # the MTP layers' K/V: a backend KV pool of their own (RES-1)
-            pools.append(UnitPool(MTP_POOL, ledger.KV_PAGES, init_mtp_pool(cfg, self.capacity.mtp_pages, self.model.dtype,
-                                                                              backend=config.backend),
-                                  PAGE_SIZE))
+        # The drafts' backend KV pool (RES-1): the MTP layers' K/V, or a DFlash drafter's context K/V
+        # (issue 35, dflash_steps.py); `spec_pool` is its ledger id.
+        self.spec_pool, drafter = MTP_POOL, None
+        if self.speculative_tokens and config.speculative_method == "dflash":
+            if self.model.vision is not None:
+                raise ConfigError("speculative_method", "a DFlash drafter with image or video input is not built; "
+                                                        "use mtp")
+            drafter = load_drafter(config.draft_model, np.dtype(jnp.dtype(self.model.dtype)))
+            self.spec_pool = DFLASH_POOL
+        if self.speculative_tokens:
+            tree = (init_dflash_pool(drafter.config, self.capacity.mtp_pages, self.model.dtype, config.backend)
+                    if drafter is not None else
+                    init_mtp_pool(cfg, self.capacity.mtp_pages, self.model.dtype, backend=config.backend))
+            pools.append(UnitPool(self.spec_pool, ledger.KV_PAGES, tree, PAGE_SIZE))
         if steps is None:
             steps = CompiledSteps(self.model, backend=config.backend, progress=config.progress)
             if self.speculative_tokens:
-                steps.enable_speculative(self.speculative_tokens)
+                steps.enable_speculative(self.speculative_tokens, drafter)
         elif steps.model is not self.model or steps.backend != config.backend:
             raise ValueError("shared CompiledSteps must be of the same model and kernel backend")
         elif getattr(steps, "speculative_tokens", 0) != self.speculative_tokens:
             raise ValueError("shared CompiledSteps must draft as many speculative tokens as this config")
+        elif getattr(steps, "drafter_config", None) != (drafter.config if drafter is not None else None):
+            raise ValueError("shared CompiledSteps must draft with the same drafter as this config")
         steps.bind_pools(kv, state)
         self.stores = ProgramStores(pools, self.capacity.host_capacity_bytes)
         self.steps = steps
@@ -109,7 +124,9 @@ class Program:
         self.prefill_lengths = self.plan.prefill_lengths
         # State computed under another model, dtype or kernel backend is never adopted (CKP-4).
         # Points written with MTP K/V (speculative_tokens > 0) are their own execution (CKP-4).
-        self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}" + ("|mtp" if self.speculative_tokens else "")
+        # A DFlash drafter's context is its own too: the drafter's folder names it.
+        self.execution_tag = f"{config.model}|{self.dtype}|{config.backend}" + (
+            "" if not self.speculative_tokens else f"|dflash:{drafter.folder}" if drafter is not None else "|mtp")
         self._verify = None  # the Verify unit in flight between `spec_decode` and `spec_commit`
         self._hidden_logits = jax.jit(lm_head)
         # A checkpoint with a vision tower runs every chunk and decode row (or Verify unit) through
@@ -155,7 +172,7 @@ class Program:
         st_pool = self.stores.pools[ledger.STATE_POOL]
         if kind == "prefill" and self.speculative_tokens:  # the chunk's MTP K/V too (spec_steps.py)
             tokens, start, lengths, table, slots, *mtp_table = args
-            mtp_pool = self.stores.pools[MTP_POOL]
+            mtp_pool = self.stores.pools[self.spec_pool]
             mtp_table = mtp_table[0] if mtp_table else np.zeros_like(table)  # a padding row writes nothing
             extra = None if media is None else (media.embeds[None], media.embed_rows[None], media.rope[:, None],
                                                  media.mtp_rope[:, None])
@@ -319,7 +336,7 @@ class Program:
         t0 = self.clock()
         kv_pool = self.stores.pools[ledger.MAIN_KV]
         st_pool = self.stores.pools[ledger.STATE_POOL]
-        mtp_pool = self.stores.pools[MTP_POOL]
+        mtp_pool = self.stores.pools[self.spec_pool]
         logits, drafts, final, verified, kv, mtp = self.steps.spec_decode(
             kv_pool.tree, st_pool.tree, mtp_pool.tree, tokens, positions, table, mtp_table, slots, want, delta=delta)
         kv_pool.replace(kv)
@@ -338,7 +355,7 @@ class Program:
         kept[:len(keep)] = keep
         t0 = self.clock()
         st_pool = self.stores.pools[ledger.STATE_POOL]
-        mtp_pool = self.stores.pools[MTP_POOL]
+        mtp_pool = self.stores.pools[self.spec_pool]
         state, mtp = self.steps.spec_commit(st_pool.tree, mtp_pool.tree, verified, final, drafts, positions, kept,
                                             mtp_table, slots, delta=delta)
         st_pool.replace(state)

@@ -128,3 +128,47 @@ def test_paged_context_drafts_as_the_whole_context(builtin_model, chunk):
         want = dflash.scale_logits(dcfg, lm.logits(hidden[1:]))
         np.testing.assert_allclose(np.asarray(logits[r]), np.asarray(want), atol=1e-4, rtol=0)
         np.testing.assert_array_equal(np.asarray(drafts[r]), np.argmax(np.asarray(want), axis=-1))
+
+
+def test_spec_commit_appends_the_accepted_positions(builtin_model):
+    """The engine's DFlash steps: a prefill with context append, a Verify unit of k = 3, commits
+    of 2 and 0 accepted drafts; the context then drafts the next block as dflash.forward does
+    over the whole committed sequence (prompt, ledger[n], the accepted drafts)."""
+    from ninfer_jax.model import dflash_steps as ds
+
+    model, cfg = builtin_model, builtin_model.config
+    dcfg, dparams = _drafter(cfg, seed=4)
+    merger, leaves = model.functional
+    params = (leaves, dparams)
+    rng = np.random.default_rng(8)
+    seqs = [rng.integers(0, cfg.vocab_size - 1, n).astype(np.int32) for n in (50, 30)]
+    tables = np.array([[0, 1], [2, 3]], np.int32)
+    kv, state = init_pools(cfg, 4, 2, model.dtype)
+    pool = init_dflash_pool(dcfg, 4, jnp.float32)
+    tokens = np.zeros((2, 64), np.int32)
+    for r, s in enumerate(seqs):
+        tokens[r, :len(s)] = s
+    common = dict(cfg=cfg, dcfg=dcfg, merger=merger)
+    slots = jnp.arange(2, dtype=jnp.int32)
+    *_, kv, state, pool = jax.jit(functools.partial(ds.prefill_spec, **common))(
+        params, kv, state, pool, jnp.asarray(tokens), jnp.zeros(2, jnp.int32), jnp.asarray([50, 30], jnp.int32),
+        jnp.asarray(tables), jnp.asarray(tables), slots)
+    nxt = jnp.asarray([5, 6], jnp.int32)  # ledger[n]
+    n = jnp.asarray([50, 30], jnp.int32)
+    _, drafts, final, verified, kv, pool = jax.jit(functools.partial(ds.spec_decode, k=3, **common))(
+        params, kv, state, pool, nxt, n, jnp.asarray(tables), jnp.asarray(tables), slots, jnp.full(2, 3, jnp.int32))
+    keep = np.array([2, 0], np.int32)
+    state, pool = jax.jit(functools.partial(ds.spec_commit, **common))(
+        params, state, pool, verified, final, drafts, n, jnp.asarray(keep), jnp.asarray(tables), slots)
+    committed = [np.concatenate([s, [int(nxt[r])], np.asarray(drafts[r, :keep[r]])]).astype(np.int32)
+                 for r, s in enumerate(seqs)]
+    lm = merger(leaves)
+    after = jnp.asarray([9, 11], jnp.int32)
+    got, logits = ds.draft(dparams, dcfg, pool, lm.embed_tokens, lm.logits, after,
+                           jnp.asarray([len(c) for c in committed], jnp.int32), jnp.asarray(tables))
+    for r, c in enumerate(committed):
+        block = np.array([int(after[r])] + [dcfg.mask_token_id] * (dcfg.block_size - 1))
+        hidden = dflash.forward(dparams, dcfg, jnp.asarray(_layer_outputs(model, c)), jnp.arange(len(c), dtype=jnp.int32),
+                                lm.embed_tokens(jnp.asarray(block)), jnp.arange(len(c), len(c) + dcfg.block_size))
+        want = dflash.scale_logits(dcfg, lm.logits(hidden[1:]))
+        np.testing.assert_allclose(np.asarray(logits[r]), np.asarray(want), atol=1e-4, rtol=0)
