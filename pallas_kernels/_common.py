@@ -156,23 +156,39 @@ def two_or_more(idx, fill):
     return jnp.concatenate([idx, jnp.full_like(idx, fill)], axis=0)
 
 
-def tree_sum(x, axis: int = -1):
-    """Sum over `axis` as a fixed binary tree of elementwise adds (zero-padded to a power of two).
-
-    Batch invariance (doctrine 1): XLA's CPU reduce vectorises by the shape and the fusion it
-    lands in, so the same row summed alone or beside other rows can round differently; a tree of
-    slices and adds is the same arithmetic for every element whatever the rest of the array."""
+def _tree(x, axis: int, combine, fill):
+    """`combine` over `axis` as a fixed binary tree of elementwise ops (padded with `fill` to a
+    power of two)."""
     axis = axis % x.ndim  # halves are sliced along `axis` in place: no transpose of x
     n = x.shape[axis]
     width = next_pow2(n)
     if width != n:
         pad = list(x.shape)
         pad[axis] = width - n
-        x = jnp.concatenate([x, jnp.zeros(pad, x.dtype)], axis=axis)
+        x = jnp.concatenate([x, jnp.full(pad, fill, x.dtype)], axis=axis)
     while x.shape[axis] > 1:
         half = x.shape[axis] // 2
-        x = jax.lax.slice_in_dim(x, 0, half, axis=axis) + jax.lax.slice_in_dim(x, half, 2 * half, axis=axis)
+        x = combine(jax.lax.slice_in_dim(x, 0, half, axis=axis), jax.lax.slice_in_dim(x, half, 2 * half, axis=axis))
     return jnp.squeeze(x, axis)
+
+
+def tree_sum(x, axis: int = -1):
+    """Sum over `axis` as a fixed binary tree of elementwise adds (zero-padded to a power of two).
+
+    Batch invariance (doctrine 1): XLA's CPU reduce vectorises by the shape and the fusion it
+    lands in, so the same row summed alone or beside other rows can round differently; a tree of
+    slices and adds is the same arithmetic for every element whatever the rest of the array."""
+    return _tree(x, axis, jnp.add, 0)
+
+
+def tree_max(x, axis: int = -1):
+    """Max over `axis` as a fixed binary tree of elementwise maxima (padded with -inf).
+
+    A max is exact in any order, but a reduce op is not neutral either: above a size XLA's CPU
+    backend hands a reduce to a YNNPACK fusion that also takes the elementwise ops after it (the
+    softmax's exp), which round otherwise than XLA's own loops, so a row's exp would depend on
+    how many rows share the array (batch invariance, doctrine 1). Slices and maxima stay XLA's."""
+    return _tree(x, axis, jnp.maximum, -jnp.inf)
 
 
 def softmax(s):

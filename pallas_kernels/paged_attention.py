@@ -30,6 +30,8 @@ from pallas_kernels._common import (
     next_pow2,
     packed_as,
     pallas_params,
+    tree_max,
+    tree_sum,
     two_or_more,
     unpacked,
 )
@@ -150,6 +152,13 @@ def _gather_row_kv(pages, page_table):
     return unpacked(rows).reshape(r, p * ps, hkv, d).astype(jnp.float32)
 
 
+# Keys of at most this many floats (kv_heads * head_dim) are attended in one batched program;
+# wider ones row by row. Measured (issue 33): the tiny built-in model (2 x 16) pays more for a
+# row loop's ops than for its arithmetic, a 0.8B-width model (2 x 256) more for transposing all
+# rows' keys at once than row by row. A model constant: every bucket takes the same path.
+_BATCHED_KV_WIDTH = 128
+
+
 def _attend_row(q, k, v, key_limit, scale):
     """One row: q [T, Hq, D]; k, v [S, Hkv, D]; key_limit [T]: key s visible iff s < key_limit."""
     t, hq, d = q.shape
@@ -164,14 +173,38 @@ def _attend_row(q, k, v, key_limit, scale):
     return o.reshape(t, hq, d)
 
 
+def _attend_batched(q, k, v, key_limit, scale):
+    """All rows in one program, each row's arithmetic its own (batch invariance, doctrine 1).
+
+    Both products are batched over (row, kv head): every batch element is the same
+    [G*T, D] @ [D, S] (and [G*T, S] @ [S, D]) product, which XLA's CPU backend runs alike
+    whatever the batch (decode buckets start at two rows, never the one-element batch). The
+    softmax takes no reduce op: above a size XLA hands a reduce, with the exp after it, to a
+    YNNPACK fusion whose exp rounds otherwise than XLA's loops, so a row's exp would change with
+    R; a tree of maxima and of adds (`tree_max`, `tree_sum`) keeps it elementwise."""
+    r, t, hq, d = q.shape
+    s_len, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    qg = q.astype(jnp.float32).reshape(r, t, hkv, g, d)
+    s = jnp.einsum("rtkgd,rskd->rkgts", qg, k, precision=HIGHEST) * jnp.float32(scale)
+    visible = jnp.arange(s_len, dtype=jnp.int32)[None, None, :] < key_limit[:, :, None]  # [R, T, S]
+    s = jnp.where(visible[:, None, None], s, _NEG)
+    e = jnp.exp(s - tree_max(s)[..., None])
+    p = e / tree_sum(e)[..., None]
+    o = jnp.einsum("rkgts,rskd->rtkgd", p, v, precision=HIGHEST)
+    return o.reshape(r, t, hq, d)
+
+
 def _attend_reference(q, k, v, key_limit, scale):
     """q [R, T, Hq, D]; k, v [R, S, Hkv, D]; key_limit [R, T]: key s visible iff s < key_limit.
 
-    Row by row (a loop of identical one-row programs), so a row's result does not depend on how
-    many rows share the call: XLA's batched products and reductions over R round differently as
-    R changes (batch invariance, doctrine 1). One row (a prefill chunk) runs the body alone."""
+    A row's result must not depend on how many rows share the call (batch invariance, doctrine
+    1): narrow keys in one batched program (`_attend_batched`), wide ones row by row (a loop of
+    identical one-row programs). One row (a prefill chunk) runs the one-row body alone."""
     if q.shape[0] == 1:
         return _attend_row(q[0], k[0], v[0], key_limit[0], scale)[None]
+    if k.shape[2] * k.shape[3] <= _BATCHED_KV_WIDTH:
+        return _attend_batched(q, k, v, key_limit, scale)
     return jax.lax.map(lambda a: _attend_row(*a, scale), (q, k, v, key_limit))
 
 
