@@ -5,18 +5,25 @@ with random weights, saved as the hub ships one) and loaded by both sides from t
 float32 on the CPU. Three figures, each side measured in turn for `--rounds` rounds (medians):
 
 - `encoder_images_per_s`: the vision tower on one 512x512 image (1,024 patches, 256 merged
-  tokens): NInfer's `encode_media` vs transformers' `get_image_features`;
+  tokens): the engine's `Program.encode_media` (its warmed bucket) vs transformers' `get_image_features`;
 - `prefill_tokens_per_s`: a cold 1-image, 1,024-token prompt (384 text tokens, the image's 256,
-  382 text tokens) to its first token: the engine (context cache off, media cache 0, so every
-  round encodes and prefills all of it) vs one transformers forward (logits of the last position);
+  382 text tokens) to its first token: the engine (context cache off; a new image each round, so
+  every round encodes it once and prefills all of it) vs one transformers forward (logits of the
+  last position) on the same image;
 - `turn2_ttft_ratio`: a screenshot agent's second turn (2,048 tokens: 1,300 tokens of system
   text and tools, a user message with a screenshot, the 32-token reply, then a short user message
   with a second screenshot: 1,750 tokens of history, ~300 new), TTFT on the engine that served
   turn 1 ÷ TTFT on a cold engine (context cache off). Each round brings new screenshots.
 
+The cold engine keeps the default media cache: with a media cache of 0 an image is encoded again
+by every prefill chunk that covers part of it (twice for an image across a chunk boundary), which
+a cold engine as served does not do; the figures before commit "bench vision: a cold engine
+encodes each image once" had that cache of 0 (docs/model.md).
+
 Flags after `vision`: --geometry=small|0.8b (text; default small: 8 layers, 32k vocabulary),
 --tower=small|released (default small: 6 blocks of the released width; released: 27 blocks,
-hidden 1152), --rounds=3, --chunk_size=256.
+hidden 1152), --rounds=3, --chunk_size=256, --cold_media_cache_bytes=N (the cold engine's media
+cache; default the engine's default).
 """
 from __future__ import annotations
 
@@ -75,14 +82,16 @@ def run(argv: list[str]) -> dict:
 
     from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
     from ninfer_jax.config import MediaConfig
-    from ninfer_jax.model.multimodal import encode_media
 
     geometry_name, tower_name = str_arg(argv, "geometry", "small"), str_arg(argv, "tower", "small")
     if geometry_name not in GEOMETRIES or tower_name not in TOWERS:
         raise SystemExit(f"ninfer bench vision: --geometry one of {sorted(GEOMETRIES)}, --tower one of {sorted(TOWERS)}")
     rounds, chunk = int_arg(argv, "rounds", 3), int_arg(argv, "chunk_size", 256)
+    cold_media = int_arg(argv, "cold_media_cache_bytes", -1)
+    cold_media = None if cold_media < 0 else cold_media
     geometry, tower = GEOMETRIES[geometry_name], TOWERS[tower_name]
     figures: dict = {"geometry": geometry_name, "tower": tower_name, "rounds": rounds, "chunk_size": chunk,
+                     "cold_media_cache_bytes": "default" if cold_media is None else cold_media,
                      "image_grid": list(IMAGE_GRID)}
     rng = np.random.default_rng(0)
     patch_dim = 3 * tower["temporal_patch_size"] * tower["patch_size"] ** 2
@@ -107,14 +116,15 @@ def run(argv: list[str]) -> dict:
             return EngineConfig(model=folder, dtype="float32", max_concurrency=2, max_context=4096, chunk_size=chunk,
                                 progress=False, **kw)
 
-        cold_cfg = config(context_cache=ContextCacheConfig(enabled=False), media=MediaConfig(cache_bytes=0))
+        # new images every round: the cold engine's media cache misses (--cold_media_cache_bytes=0: the old figures)
+        media = {} if cold_media is None else {"media": MediaConfig(cache_bytes=cold_media)}
+        cold_cfg = config(context_cache=ContextCacheConfig(enabled=False), **media)
         with Engine(cold_cfg) as cold, Engine(config()) as warm:
-            model = cold.program.model
             grid = np.array([IMAGE_GRID])
             # ---- the vision encoder ------------------------------------------------------------
             pix = pixels()
             grid_t = torch.tensor(grid)
-            ours_enc = lambda: encode_media(model.vision, [(pix, grid)]).block_until_ready()  # noqa: E731
+            ours_enc = lambda: cold.program.encode_media(pix, grid)  # noqa: E731 (the engine's warmed bucket)
 
             def theirs_enc():
                 with torch.no_grad():
@@ -131,16 +141,17 @@ def run(argv: list[str]) -> dict:
             one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
             mm = torch.tensor([[1 if t == ids["image_token_id"] else 0 for t in prompt]])
 
-            def ours_prefill():
-                cold.submit(prompt, one, images=[(pix, grid)]).result()
+            def ours_prefill(image):
+                cold.submit(prompt, one, images=[(image, grid)]).result()
 
-            def theirs_prefill():
+            def theirs_prefill(image):
                 with torch.no_grad():
-                    hf(input_ids=torch.tensor([prompt]), pixel_values=torch.from_numpy(pix), image_grid_thw=grid_t,
+                    hf(input_ids=torch.tensor([prompt]), pixel_values=torch.from_numpy(image), image_grid_thw=grid_t,
                        mm_token_type_ids=mm, use_cache=False, logits_to_keep=1)
 
-            ours_prefill(), theirs_prefill()
-            a, b = zip(*[(_timed(ours_prefill), _timed(theirs_prefill)) for _ in range(rounds)])
+            ours_prefill(pix), theirs_prefill(pix)
+            images = [pixels() for _ in range(rounds)]  # a new image each round: the engine's media cache misses
+            a, b = zip(*[(_timed(lambda: ours_prefill(im)), _timed(lambda: theirs_prefill(im))) for im in images])
             figures.update(prefill_tokens_per_s=1024 / median(a), prefill_hf_tokens_per_s=1024 / median(b),
                            prefill_ratio_vs_hf=median(b) / median(a))
             _say(f"1-image 1024-token prefill: {1024 / median(a):.0f} vs transformers {1024 / median(b):.0f} tokens/s")

@@ -24,8 +24,6 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING, Callable, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.errors import RequestError
@@ -115,7 +113,7 @@ class RequestMedia(PromptPositions):
             out[:, inside:] = text_positions(self.decode_rope(start + inside), n - inside)
         return out
 
-    def chunk(self, start: int, n: int, width: int, embed_of: Callable[[int], jax.Array], hidden: int,
+    def chunk(self, start: int, n: int, width: int, embed_of: Callable[[int], np.ndarray], hidden: int,
               dtype) -> ChunkMedia:
         """The media inputs of tokens [start, start + n) as one row of width `width`: each
         covered item's tower tokens come from `embed_of(item)` (the media cache)."""
@@ -131,17 +129,13 @@ class RequestMedia(PromptPositions):
         inside = max(0, min(start + n, self.length) - start)
         src[:inside] = self.source[start:start + inside]
         rows = src >= 0
+        # Built on the Host with numpy (the step takes Host arrays): eager device ops here would
+        # compile anew for each item size on the request path.
+        embeds = np.zeros((width, hidden), dtype)
         if not rows.any():
-            return ChunkMedia(jnp.zeros((width, hidden), dtype), rows, rope, mtp_rope)
-        items = self.items_in(start, start + inside)
-        parts, base, local = [], 0, np.zeros(width, np.int64)
-        for i in items:
+            return ChunkMedia(embeds, rows, rope, mtp_rope)
+        for i in self.items_in(start, start + inside):
             lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-            parts.append(embed_of(i))
             mine = rows & (src >= lo) & (src < hi)
-            local[mine] = src[mine] - lo + base
-            base += hi - lo
-        media = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
-        embeds = jnp.where(jnp.asarray(rows)[:, None], jnp.take(media, jnp.asarray(local), axis=0).astype(dtype),
-                           jnp.zeros((), dtype))
+            embeds[mine] = np.asarray(embed_of(i))[src[mine] - lo]
         return ChunkMedia(embeds, rows, rope, mtp_rope)

@@ -1,6 +1,8 @@
 """The engine's media cache: the vision tower's output per media item, under its own byte budget.
 
-An entry is one item's tower tokens `[tokens, hidden]` on the device, keyed by the item's media
+An entry is one item's tower tokens `[tokens, hidden]`, a Host numpy array (`Program.encode_media`
+gives them there: each prefill chunk's media inputs are built on the Host, so that no device op
+compiles anew for an item of a new size), keyed by the item's media
 identity (`kind:digest`, the digest of its decoded pixels and processor settings). Requests take
 it at each prefill chunk that covers the item; the same image in the next turn finds it here
 and is not encoded again. Entries leave least recently used first when a new one would pass
@@ -17,7 +19,7 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
-import jax
+import numpy as np
 
 
 class MediaCache:
@@ -25,10 +27,10 @@ class MediaCache:
         if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 0:
             raise ValueError(f"media cache budget must be a byte count >= 0, got {budget_bytes!r}")
         self.budget_bytes = budget_bytes
-        self._entries: collections.OrderedDict[str, jax.Array] = collections.OrderedDict()
+        self._entries: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self.nbytes = 0
 
-    def get(self, key: str, encode: Callable[[], jax.Array]) -> tuple[jax.Array, bool]:
+    def get(self, key: str, encode: Callable[[], np.ndarray]) -> tuple[np.ndarray, bool]:
         """(the item's tower tokens, whether they were encoded now). A miss runs `encode` and
         keeps the result if it fits the budget, evicting the least recently used first."""
         got = self._entries.get(key)

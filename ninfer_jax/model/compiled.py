@@ -33,6 +33,7 @@ from ninfer_jax.model.pools import (
     check_prefill_media,
 )
 from ninfer_jax.model.steps import decode_step, prefill_chunk
+from ninfer_jax.model.vision import lower_bucket
 
 
 # The pools each step donates (argument positions after the params' leaves at 0): what the
@@ -108,6 +109,8 @@ class Compilation:
 
 
 _MASK = jax.jit(token_mask.mask_logits)
+# The vision tower's executables by (VisionConfig, rows, params' shapes and dtypes): see `tower`.
+_TOWERS: dict[tuple, object] = {}
 
 
 class CompiledSteps:
@@ -174,6 +177,24 @@ class CompiledSteps:
         if exe is None:
             exe = self._compile(bucket, "mask_logits", bucket[1:], lambda: _MASK.lower(logits, bits))
         return exe(logits, bits)
+
+    def tower(self, rows: int):
+        """The vision tower's executable for a call of `rows` laid-out patch rows (a bucket of
+        `vision.bucket_patches`), compiled once through the counted path (recorded in
+        `compilations`, announced) or taken from `_TOWERS`: a tower executable does not depend on
+        the pools, so every CompiledSteps of the same tower geometry shares it in this process
+        (one compilation per bucket, not per engine)."""
+        vision = self.model.vision
+        if vision is None:
+            raise ValueError("this model has no vision tower")
+        key = (vision.config, rows, tuple((tuple(a.shape), jnp.dtype(a.dtype).name)
+                                          for a in jax.tree.leaves(vision.params)))
+        exe = _TOWERS.get(key)
+        if exe is None:
+            exe = self._compile(("vision_tower", rows), "vision_tower", ((rows, vision.config.patch_dim),),
+                                lambda: lower_bucket(vision.params, vision.config, rows))
+            _TOWERS[key] = exe
+        return exe
 
     def _run(self, kind: str, fn, args: tuple, static: dict, check):
         exe = self._executable(kind, fn, args, static)  # a new bucket traces: the checks run there

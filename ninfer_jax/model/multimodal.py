@@ -156,13 +156,14 @@ def media_layout(vision: Vision | None, cfg: ModelConfig, ids: np.ndarray, image
     return MediaLayout(image_items + video_items, positions, int(next_position), rows)
 
 
-def encode_media(vision: Vision, items: list) -> jax.Array:
-    """The tower's tokens `[n, out_hidden_size]` of every item, in order (the tower's dtype)."""
+def encode_media(vision: Vision, items: list, executable=None) -> jax.Array:
+    """The tower's tokens `[n, out_hidden_size]` of every item, in order (the tower's dtype).
+    `executable`: `encode_bucketed`'s compiled buckets (the engine's counted ones)."""
     pixels = [p for p, _ in items]
     joined = (jnp.concatenate([jnp.asarray(p) for p in pixels]) if any(isinstance(p, jax.Array) for p in pixels)
-              else np.concatenate(pixels))
-    grid = np.concatenate([g for _, g in items])
-    return encode_bucketed(vision.params, vision.config, joined, grid)
+              else pixels[0] if len(pixels) == 1 else np.concatenate(pixels))
+    grid = np.concatenate([np.asarray(g).reshape(-1, 3) for _, g in items])
+    return encode_bucketed(vision.params, vision.config, joined, grid, executable)
 
 
 def forward_media(merger: Merger, leaves: tuple, cfg: ModelConfig, vision: Vision | None, tokens: jax.Array,

@@ -374,20 +374,53 @@ def bucket_patches(vcfg: VisionConfig, rows: int) -> int:
     return vcfg.merge_unit * max(MIN_TOKENS, next_pow2(tokens))
 
 
-def encode_bucketed(params: dict, vcfg: VisionConfig, pixel_values, grid_thw) -> jax.Array:
+def encode_bucketed(params: dict, vcfg: VisionConfig, pixel_values, grid_thw, executable=None) -> jax.Array:
     """`encode`, padded to `bucket_patches(laid_out_patches)` rows: one compilation per bucket
     (per power of two of the call's laid-out rows over all its images), whatever the grids.
     What is bucketed is that total only; the grids, the number of images and the temporal
     patches are data. Padding never changes an image's tokens; the price is up to 2x rows and,
-    with the dense block-diagonal attention, up to 4x attention work and memory."""
+    with the dense block-diagonal attention, up to 4x attention work and memory.
+
+    `executable(rows)`: the compiled tower of a bucket (`lower_bucket`, compiled by the caller,
+    e.g. the engine's `CompiledSteps.tower`, which counts and announces it), and the tokens come
+    back as a Host numpy array (nothing compiles for a new image size); None: `jax.jit`'s own
+    cache, a device array."""
     grid = check_grid(vcfg, grid_thw)
-    return _run(params, vcfg, pixel_values, grid, bucket_patches(vcfg, laid_out_patches(vcfg, grid)))
+    return _run(params, vcfg, pixel_values, grid, bucket_patches(vcfg, laid_out_patches(vcfg, grid)), executable)
+
+
+def warm_buckets(vcfg: VisionConfig, max_tokens: int) -> list[int]:
+    """The bucket row counts (`bucket_patches`) a call of one image of at most `max_tokens`
+    merged tokens can take: merge_unit x every power of two from MIN_TOKENS to the one that
+    holds `max_tokens` (an image is one segment, so its laid-out rows round its patches up to
+    `segment_align` only, and that never passes the power of two of its tokens)."""
+    top = bucket_patches(vcfg, max(1, max_tokens) * vcfg.merge_unit)
+    rows, out = bucket_patches(vcfg, 1), []
+    while rows <= top:
+        out.append(rows)
+        rows *= 2
+    return out
+
+
+def lower_bucket(params: dict, vcfg: VisionConfig, rows: int):
+    """The tower of one bucket of `rows` laid-out patch rows, lowered (`jax.stages.Lowered`) for
+    float32 pixel values and the params' shapes and dtypes; its compiled form is what
+    `encode_bucketed(..., executable=)` runs. Only shapes are read: nothing runs."""
+    spec = jax.ShapeDtypeStruct
+    return _forward_jit.lower(params, spec((rows, vcfg.patch_dim), jnp.float32), spec((rows, 4), jnp.int32),
+                              spec((rows, 4), jnp.float32), spec((rows, 2), jnp.int32), spec((rows,), jnp.int32),
+                              vcfg=vcfg)
 
 
 def _total(grid: np.ndarray) -> int:
     return int((grid[:, 0] * grid[:, 1] * grid[:, 2]).sum())
 
 
-def _run(params: dict, vcfg: VisionConfig, pixel_values, grid: np.ndarray, pad_to: int) -> jax.Array:
+def _run(params: dict, vcfg: VisionConfig, pixel_values, grid: np.ndarray, pad_to: int, executable=None) -> jax.Array:
     pixels, layout, tokens = _prepare(vcfg, pixel_values, grid, pad_to)
-    return _forward_jit(params, pixels, **layout, vcfg=vcfg)[tokens]
+    if executable is None:
+        return _forward_jit(params, pixels, **layout, vcfg=vcfg)[tokens]
+    pixels = pixels.astype(jnp.float32) if isinstance(pixels, jax.Array) else np.asarray(pixels, np.float32)
+    out = executable(pad_to)(params, pixels, layout["taps"], layout["weights"], layout["rows_cols"], layout["segment"])
+    # The real tokens picked on the Host: an eager gather would compile anew for each token count.
+    return np.asarray(out)[tokens]

@@ -14,6 +14,7 @@ slot -1, so they read zeros and write nothing. The pools are the plan's (`self.p
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import NamedTuple, Sequence
@@ -28,6 +29,7 @@ from ninfer_jax.config import EngineConfig
 from ninfer_jax.model.media_inputs import ChunkMedia
 from ninfer_jax.model.model import Model, lm_head, load_model
 from ninfer_jax.model.multimodal import encode_media
+from ninfer_jax.model.vision import warm_buckets
 from ninfer_jax.model.mtp_steps import init_mtp_pool
 from ninfer_jax.model.spec_steps import MTP_POOL
 from ninfer_jax.errors import ConfigError
@@ -281,17 +283,41 @@ class Program:
         self.step_seconds += self.clock() - t0
         return logits[:n]
 
-    def encode_media(self, pixels, grid) -> "jax.Array":
-        """The vision tower's tokens `[tokens, hidden]` of one image or video (its own tower
-        call: the same bucket, hence the same bits, every time it is encoded); counted as
-        compute in `step_seconds`."""
+    def encode_media(self, pixels, grid) -> np.ndarray:
+        """The vision tower's tokens `[tokens, hidden]` of one image or video, on the Host (its
+        own tower call: the same bucket, hence the same bits, every time it is encoded; the
+        bucket's executable is warm-up's, `tower_buckets`); counted as compute in `step_seconds`."""
         if not self.takes_media:
             raise ValueError("this Program runs text only")
         t0 = self.clock()
-        out = encode_media(self.model.vision, [(pixels, grid)])
-        out.block_until_ready()
+        out = encode_media(self.model.vision, [(pixels, grid)], executable=self.steps.tower)
         self.step_seconds += self.clock() - t0
         return out
+
+    def tower_buckets(self) -> list[int]:
+        """The vision tower's buckets (laid-out patch rows, `vision.bucket_patches`) that warm-up
+        compiles: every one an image within the configured limits can take. An image's tokens are
+        at most the prompt's (under `max_context`) and at most the processor's `max_pixels` /
+        (patch x merge)^2 (the checkpoint's preprocessor_config.json, else the released
+        defaults); each item is its own tower call, so the bucket is that of one image. A video's
+        frames are segments of their own, each rounded up to `vision.segment_align` rows, so a
+        video of many small frames may take a bucket above these: compiled at its first call
+        (counted and announced like any compilation)."""
+        if not self.takes_media:
+            return []
+        vcfg = self.model.vision.config
+        tokens = self.config.max_context - 1  # the prompt leaves room for one generated token
+        if os.path.isdir(self.config.model):
+            from ninfer_jax.frontend.media import ProcessorSettings
+
+            try:
+                settings = ProcessorSettings.from_folder(self.config.model)
+            except ValueError:  # the frontend names a bad processor file; the tower is not its judge
+                settings = None
+            if settings is not None:
+                side = vcfg.patch_size * vcfg.spatial_merge_size
+                tokens = min(tokens, settings.max_pixels // (side * side))
+        return warm_buckets(vcfg, tokens)
 
     def _rows(self, rows: Sequence[DecodeRow]):
         """Padded decode-row arrays of `rows` in their bucket: tokens, positions, table, slots."""
@@ -374,9 +400,10 @@ class Program:
 
     def warmup(self) -> None:
         """Compile every bucket once, on padding rows that write nothing."""
+        towers = self.tower_buckets()
         if self.config.progress:
             print(f"[ninfer] warming up {len(self.prefill_widths) * len(self.prefill_lengths) + len(self.decode_buckets)}"
-                  " step buckets",
+                  " step buckets" + (f" and {len(towers)} vision tower buckets" if towers else ""),
                   file=sys.stderr)
         p = self.capacity.pages_per_request
         for t in self.prefill_lengths:
@@ -396,6 +423,8 @@ class Program:
             # structured output's mask step of this bucket (`decode(..., masks=)`)
             self.steps.mask_logits(logits, np.full((b, token_mask.words(self.vocab_size)), token_mask.ALL))
         self.hidden_logits(0)
+        for rows in towers:  # compiled without running: the large buckets' attention would be costly to run
+            self.steps.tower(rows)
         # The stores' byte movers (captures, copy-on-write, offload and read-back) compile per
         # power-of-two index bucket too: every bucket up to each pool's size, compiled without
         # running, so no read-back or bind of any size compiles mid-run (counted in compilations).

@@ -22,10 +22,12 @@ import pytest
 from engine_helpers import assert_idle_and_empty, make_engine, run_until_done
 from media_helpers import check_against_forward
 from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
+from ninfer_jax.compile_cache import CompileCounter
 from ninfer_jax.config import MediaConfig
 from ninfer_jax.engine.request import PAUSED, PREFILL
 from ninfer_jax.errors import RequestError
 from ninfer_jax.frontend.errors import MediaNotSupportedError
+from ninfer_jax.model import vision as V
 from ninfer_jax.model.model import load_model
 from ninfer_jax.program.program import Program
 
@@ -109,6 +111,29 @@ def test_same_image_is_reused_a_changed_one_is_not(vl):
     check_against_forward(model, turn2, other, [], changed)
     stats = engine.stats()
     assert stats["media_cache_hits"] >= 1 and stats["vision_encodes"] == 2, stats
+    assert_idle_and_empty(engine)
+
+
+def test_warm_up_compiles_the_tower_buckets_so_no_image_compiles(vl):
+    """Warm-up compiles the vision tower's buckets that an image within the limits can take
+    (max_context 256: at most 255 tokens, buckets of 64, 128 and 256 tokens), through the counted
+    compile path; then images of each bucket run with no compilation at all on the request path
+    (neither a tower bucket nor an eager op: the chunk's media inputs are built on the Host)."""
+    engine = _engine(vl)
+    program = engine.program
+    assert program.tower_buckets() == [256, 512, 1024]  # laid-out patch rows, 4 per token
+    compiled, traces = program.compilations, V.TRACES["count"]
+    for rows in program.tower_buckets():  # compiled at warm-up (by this engine or an earlier one)
+        program.steps.tower(rows)
+    assert program.compilations == compiled
+    rng = np.random.default_rng(3)
+    for i, grid in enumerate([(1, 8, 8), (1, 20, 24), (1, 30, 30)]):  # 16, 120 and 225 tokens
+        prompt = text_ids(rng, 5) + image_run(grid) + text_ids(rng, 3)
+        with CompileCounter() as counter:
+            _run(engine, prompt, images=[(pixels(grid, 10 + i), grid)])
+        assert counter.requests == 0, (grid, counter.as_dict())
+    assert (program.compilations, V.TRACES["count"]) == (compiled, traces)
+    assert engine.stats()["vision_encodes"] == 3
     assert_idle_and_empty(engine)
 
 
