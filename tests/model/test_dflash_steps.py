@@ -54,6 +54,19 @@ def _layer_outputs(model, tokens):
     return np.concatenate([np.asarray(outs[i]) for i in CAPTURE], axis=-1)
 
 
+def _chunks(rows, chunk: int, dtype):
+    """The rows (sequences of tokens or of feature vectors) cut into chunks of `chunk` positions:
+    (the padded batch `[R, chunk, ...]`, each row's start, each row's valid length)."""
+    for start in range(0, max(len(x) for x in rows), chunk):
+        batch = np.zeros((len(rows), chunk) + np.shape(rows[0])[1:], dtype)
+        lengths = np.zeros(len(rows), np.int32)
+        for r, x in enumerate(rows):
+            piece = x[start:start + chunk]
+            batch[r, :len(piece)] = piece
+            lengths[r] = len(piece)
+        yield batch, np.array([min(start, len(x)) for x in rows], np.int32), lengths
+
+
 def _prefill(model, seqs, tables, chunk):
     """Prefill each row in chunks of `chunk`, capturing; returns (kv, state, features per row)."""
     cfg = model.config
@@ -61,15 +74,7 @@ def _prefill(model, seqs, tables, chunk):
     kv, state = init_pools(cfg, 8, 4, model.dtype)
     step = jax.jit(functools.partial(prefill_chunk, cfg=cfg, merger=merger, capture=CAPTURE))
     feats = [[] for _ in seqs]
-    longest = max(len(s) for s in seqs)
-    for start in range(0, longest, chunk):
-        tokens = np.zeros((len(seqs), chunk), np.int32)
-        lengths = np.zeros(len(seqs), np.int32)
-        for r, s in enumerate(seqs):
-            piece = s[start:start + chunk]
-            tokens[r, :len(piece)] = piece
-            lengths[r] = len(piece)
-        starts = np.array([min(start, len(s)) for s in seqs], np.int32)
+    for tokens, starts, lengths in _chunks(seqs, chunk, np.int32):
         *_, kv, state, f = step(leaves, kv, state, jnp.asarray(tokens), jnp.asarray(starts), jnp.asarray(lengths),
                                 jnp.asarray(tables), jnp.arange(len(seqs), dtype=jnp.int32))
         for r in range(len(seqs)):
@@ -105,14 +110,7 @@ def test_paged_context_drafts_as_the_whole_context(builtin_model, chunk):
     *_, feats = _prefill(model, seqs, tables, chunk)
     pool = init_dflash_pool(dcfg, 8, jnp.float32)
     write = jax.jit(functools.partial(write_context, dparams, dcfg))
-    for start in range(0, max(len(s) for s in seqs), chunk):  # appended as the chunks come
-        f = np.zeros((len(seqs), chunk, feats[0].shape[1]), np.float32)
-        lengths = np.zeros(len(seqs), np.int32)
-        for r, fr in enumerate(feats):
-            piece = fr[start:start + chunk]
-            f[r, :len(piece)] = piece
-            lengths[r] = len(piece)
-        starts = np.array([min(start, len(s)) for s in seqs], np.int32)
+    for f, starts, lengths in _chunks(feats, chunk, np.float32):  # appended as the chunks come
         pool = write(pool, jnp.asarray(f), jnp.asarray(starts), jnp.asarray(lengths), jnp.asarray(tables))
     lm = model.functional[0](model.functional[1])
     nxt = rng.integers(0, cfg.vocab_size - 1, len(seqs)).astype(np.int32)
