@@ -61,7 +61,7 @@ def _run(engine, work):
     return [r.token_ids for r in out]
 
 
-@pytest.mark.parametrize("k, c", [(3, 3), (2, 1)])
+@pytest.mark.parametrize("k, c", [(3, 2)])
 def test_dflash_equals_plain_decode(tiny_model, drafter, k, c):
     rng = np.random.default_rng(k)
     work = [(p, GREEDY) for p in _prompts(c + 2, seed=k)]

@@ -100,7 +100,7 @@ def test_prefill_and_verify_capture_the_layer_outputs(builtin_model):
         np.testing.assert_allclose(np.asarray(f[r]), _layer_outputs(model, s)[-4:], atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("chunk", [24])
 def test_paged_context_drafts_as_the_whole_context(builtin_model, chunk):
     model, cfg = builtin_model, builtin_model.config
     dcfg, dparams = _drafter(cfg)
