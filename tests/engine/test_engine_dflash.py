@@ -96,6 +96,35 @@ def test_dflash_pauses_keep_outputs(tiny_model, drafter, route):
     assert_idle_and_empty(engine)
 
 
+def test_dflash_cancels_in_prefill_and_decode_under_pressure(tiny_model, drafter):
+    """Main KV at its minimum, no spare slot, a tiny Host: one request cancelled in its chunked
+    prefill, one after some Verify units; the ledger stays consistent every cycle, the survivor
+    equals a plain engine's, and everything is released."""
+    from ninfer_jax.engine.request import DECODE
+
+    cache = ContextCacheConfig(host_capacity_bytes=4096, device_state_slots=0)
+    engine = make_engine(tiny_model, max_concurrency=2, max_context=256, kv_capacity=256, chunk_size=32,
+                         speculative_tokens=3, speculative_method="dflash", draft_model=drafter, context_cache=cache)
+    keep, in_prefill, in_decode = _prompts(3, 17, 90, 110)
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    survivor = engine.submit(keep, sp)
+    a, b = engine.submit(in_prefill, sp), engine.submit(in_decode, sp)
+    engine.step()
+    engine.check_integrity()
+    a.cancel()  # its prompt needs several 32-token chunks: still in prefill
+    for _ in range(200):
+        if any(r.phase == DECODE and r.output for r in engine.core.residents if r.handle is b):
+            break
+        engine.step()
+        engine.check_integrity()
+    b.cancel()
+    run_until_done(engine, [survivor, a, b])
+    assert a.result().finish_reason == "cancelled" and b.result().finish_reason in ("cancelled", "length")
+    plain = make_engine(tiny_model, max_concurrency=1, max_context=256, chunk_size=32)
+    assert survivor.result().token_ids == _run(plain, [(keep, sp)])[0]
+    assert_idle_and_empty(engine)
+
+
 def test_bad_settings_are_typed_before_loading(tmp_path, drafter):
     with pytest.raises(ConfigError, match="speculative_method: must be one of"):
         EngineConfig(speculative_tokens=2, speculative_method="eagle")
