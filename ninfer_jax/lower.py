@@ -2,8 +2,8 @@
 
 Nothing here needs the GPU or the weights. The model is an abstract `HybridLM` (`nnx.eval_shape`
 over `weights.param_shapes`: every leaf a `jax.ShapeDtypeStruct`), the pools are `init_pools` /
-`init_mtp_pool` under `jax.eval_shape`, sized by the capacity plan of the engine flags
-(`plan_capacity`: config.json only, as `ninfer plan`). Each step is jitted as the engine jits it
+`init_mtp_pool` (a DFlash drafter's: `init_dflash_pool`) under `jax.eval_shape`, sized by the
+capacity plan of the engine flags (`plan_capacity`: config.json only, as `ninfer plan`). Each step is jitted as the engine jits it
 (`compiled.CompiledSteps`, `unit_pool._JIT`, `Program._hidden_logits`) and lowered with
 
     jax.jit(f).trace(*abstract_args).lower(lowering_platforms=(platform,))
@@ -14,7 +14,8 @@ shapes, supported primitives) but not Triton's own compilation, which needs the 
 What is lowered (`plan_lowering`), at the Program's shapes (program.py):
   step    prefill[t] for every chunk length (plan/workspace.prefill_chunk_lengths; with the xla backend
           one per page-table width too, prefill[t,p]: plan/workspace.prefill_table_widths) and decode[b]
-          for every decode bucket; with an MTP head (and speculative_tokens > 0, default 2) prefill_spec,
+          for every decode bucket; with an MTP head (and speculative_tokens > 0, default 2), or a DFlash
+          drafter (--speculative_method=dflash --draft_model=FOLDER: its config.json only), prefill_spec,
           spec_decode[b,k] and spec_commit[b,k];
   head    hidden_logits, the head an exact hit samples from; mask_logits[b], structured output's mask;
   mover   each pool's byte movers (pack, unpack, copy, hidden) at their smallest and largest
@@ -64,8 +65,9 @@ class Shapes:
     prefill_lengths: tuple[int, ...]  # a prefill chunk's token lengths (chunk_size and its quarters)
     kv_pages: int  # Main KV pages
     state_slots: int  # StateImage slots
-    mtp_pages: int  # the MTP pool's pages (0 without speculative steps)
+    mtp_pages: int  # the speculative pool's pages: the MTP layers' or the DFlash drafter's (0: none)
     speculative_tokens: int  # k of the speculative steps (0: none lowered)
+    drafter: Any = None  # a DFlash drafter's DFlashConfig (speculative_method "dflash"), else None: MTP
 
     def as_dict(self) -> dict:
         return {"model": self.model, "model_type": self.cfg.model_type, "dtype": self.dtype,
@@ -74,7 +76,8 @@ class Shapes:
                 "prefill_lengths": list(self.prefill_lengths),
                 "kv_pages": self.kv_pages,
                 "state_slots": self.state_slots, "mtp_pages": self.mtp_pages,
-                "speculative_tokens": self.speculative_tokens}
+                "speculative_tokens": self.speculative_tokens,
+                "speculative_method": "dflash" if self.drafter is not None else "mtp" if self.speculative_tokens else None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,17 +141,21 @@ def check_platform(platform: str, backend: str | None) -> str:
 def shapes_for(config, backend: str, speculative_tokens: int | None = None) -> Shapes:
     """The Program's sizes for `config` (an EngineConfig) running `backend`, read from config.json
     alone: the pools and decode buckets of its capacity plan. `speculative_tokens` None:
-    DEFAULT_DRAFTS when the model has an MTP head, else 0.
-    ConfigError for an unknown model, a bad config.json, k > 0 without an MTP head or a capacity
-    that cannot fit."""
+    DEFAULT_DRAFTS when the model has an MTP head or `config` names a DFlash drafter
+    (`speculative_method="dflash"`, `draft_model`: its config.json only), else 0.
+    ConfigError for an unknown model, a bad config.json, k > 0 without an MTP head, a drafter
+    that does not fit or a capacity that cannot fit."""
     from ninfer_jax.engine.preflight import itemsize, model_config
     from ninfer_jax.plan import plan_capacity
+    from ninfer_jax.plan.pools import drafter_config
 
     cfg = model_config(config.model)
+    dflash = config.speculative_method == "dflash"
     if speculative_tokens is None:
-        speculative_tokens = DEFAULT_DRAFTS if cfg.mtp_num_hidden_layers else 0
-    # The engine that runs these steps: its kernels' backend (workspace) and its MTP pool.
+        speculative_tokens = DEFAULT_DRAFTS if cfg.mtp_num_hidden_layers or dflash else 0
+    # The engine that runs these steps: its kernels' backend (workspace) and its speculative pool.
     config = dataclasses.replace(config, speculative_tokens=speculative_tokens, backend=backend)
+    drafter = drafter_config(config, cfg) if dflash and speculative_tokens else None
     plan = plan_capacity(config, cfg, itemsize(config))  # the pools and the decode buckets the Program builds
     capacity = plan.capacity
     return Shapes(model=config.model, cfg=cfg, dtype=config.resolved_dtype, chunk_size=config.chunk_size,
@@ -157,7 +164,7 @@ def shapes_for(config, backend: str, speculative_tokens: int | None = None) -> S
                   prefill_lengths=plan.prefill_lengths,
                   kv_pages=capacity.kv_pages,
                   state_slots=capacity.state_slots, mtp_pages=capacity.mtp_pages,
-                  speculative_tokens=speculative_tokens)
+                  speculative_tokens=speculative_tokens, drafter=drafter)
 
 
 def _mover_buckets(units: int) -> dict[str, list[int]]:
@@ -170,7 +177,6 @@ def _mover_buckets(units: int) -> dict[str, list[int]]:
 def all_steps(shapes: Shapes) -> list[Step]:
     """Every step `ninfer lower` lowers for these shapes, in order."""
     from ledger import MAIN_KV, STATE_POOL
-    from ninfer_jax.model.spec_steps import MTP_POOL
 
     t, k = shapes.chunk_size, shapes.speculative_tokens
     widths = shapes.prefill_widths
@@ -192,7 +198,7 @@ def all_steps(shapes: Shapes) -> list[Step]:
         out += [Step(f"mask_logits[b={b}]", "head", "mask_logits", (("b", b),)) for b in shapes.decode_buckets]
     pools = [(MAIN_KV, shapes.kv_pages), (STATE_POOL, shapes.state_slots)]
     if k:
-        pools.append((MTP_POOL, shapes.mtp_pages))
+        pools.append((spec_pool_id(shapes), shapes.mtp_pages))
     for pool, units in pools:
         for mover, sizes in _mover_buckets(units).items():
             out += [Step(f"{mover}[{pool},n={n}]", "mover", "mover", (("pool", pool), ("mover", mover), ("n", n)))
@@ -275,8 +281,18 @@ class Abstract:
 
     @functools.cached_property
     def spec_model(self):
-        """(merger, leaves) of HybridLM(cfg, params, mtp), as `MTPSteps`."""
-        return self._split(with_mtp=True)
+        """(merger, leaves) of HybridLM(cfg, params, mtp), as `MTPSteps`; with a DFlash drafter,
+        (merger, (leaves, drafter params)) of the plain model, as `CompiledSteps.enable_speculative`."""
+        if self.shapes.drafter is None:
+            return self._split(with_mtp=True)
+        import jax
+
+        from ninfer_jax.model import dflash
+
+        merger, leaves = self.model
+        drafter = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, self.dtype),
+                               dflash.param_shapes(self.shapes.drafter), is_leaf=_is_shape)
+        return merger, (leaves, drafter)
 
     @functools.cached_property
     def params(self) -> dict:
@@ -298,21 +314,33 @@ class Abstract:
         return jax.eval_shape(lambda: init_pools(self.cfg, s.kv_pages, s.state_slots, self.dtype, self.backend))
 
     @functools.cached_property
-    def mtp_pool(self):
+    def spec_pool(self):
+        """The speculative steps' pool: the MTP layers' K/V, or the DFlash drafter's context K/V."""
         import jax
 
+        from ninfer_jax.model.dflash_steps import init_dflash_pool
         from ninfer_jax.model.mtp_steps import init_mtp_pool
 
-        return jax.eval_shape(lambda: init_mtp_pool(self.cfg, self.shapes.mtp_pages, self.dtype,
-                                                    backend=self.backend))
+        s = self.shapes
+        if s.drafter is not None:
+            return jax.eval_shape(lambda: init_dflash_pool(s.drafter, s.mtp_pages, self.dtype, self.backend))
+        return jax.eval_shape(lambda: init_mtp_pool(self.cfg, s.mtp_pages, self.dtype, backend=self.backend))
 
     def pool(self, pool_id: str):
-        """A pool's pytree by its ledger id (Main KV, StateImage slots, the MTP pool)."""
+        """A pool's pytree by its ledger id (Main KV, StateImage slots, the speculative pool)."""
         from ledger import MAIN_KV, STATE_POOL
 
         if pool_id == MAIN_KV:
             return self.pools[0]
-        return self.pools[1] if pool_id == STATE_POOL else self.mtp_pool
+        return self.pools[1] if pool_id == STATE_POOL else self.spec_pool
+
+
+def spec_pool_id(shapes: Shapes) -> str:
+    """The ledger id of the speculative steps' pool."""
+    from ninfer_jax.model.dflash_steps import DFLASH_POOL
+    from ninfer_jax.model.spec_steps import MTP_POOL
+
+    return MTP_POOL if shapes.drafter is None else DFLASH_POOL
 
 
 def _is_shape(x) -> bool:
@@ -357,9 +385,9 @@ def _build_prefill_spec(a: Abstract, p: int | None = None, t: int | None = None)
     from ninfer_jax.model.compiled import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
-    fn = jit_step("prefill_spec", a.cfg, a.backend, merger)
+    fn = jit_step("prefill_spec", a.cfg, a.backend, merger, dcfg=s.drafter)
     p = p or s.pages_per_request
-    return fn, (leaves, kv, state, a.mtp_pool, _i32(1, t or s.chunk_size), _i32(1), _i32(1), _i32(1, p),
+    return fn, (leaves, kv, state, a.spec_pool, _i32(1, t or s.chunk_size), _i32(1), _i32(1), _i32(1, p),
                 _i32(1, p), _i32(1))
 
 
@@ -367,9 +395,9 @@ def _build_spec_decode(a: Abstract, b: int):
     from ninfer_jax.model.compiled import jit_step
 
     s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
-    fn = jit_step("spec_decode", a.cfg, a.backend, merger, s.speculative_tokens)
+    fn = jit_step("spec_decode", a.cfg, a.backend, merger, s.speculative_tokens, s.drafter)
     p = s.pages_per_request
-    return fn, (leaves, kv, state, a.mtp_pool, _i32(b), _i32(b), _i32(b, p), _i32(b, p), _i32(b), _i32(b))
+    return fn, (leaves, kv, state, a.spec_pool, _i32(b), _i32(b), _i32(b, p), _i32(b, p), _i32(b), _i32(b))
 
 
 def _build_spec_commit(a: Abstract, b: int):
@@ -380,9 +408,9 @@ def _build_spec_commit(a: Abstract, b: int):
     decode, decode_args = _build_spec_decode(a, b)
     _, drafts, final, verified, _, _ = jax.eval_shape(decode, *decode_args)  # what Program keeps between them
     merger, leaves = a.spec_model
-    fn = jit_step("spec_commit", a.cfg, a.backend, merger)
+    fn = jit_step("spec_commit", a.cfg, a.backend, merger, dcfg=a.shapes.drafter)
     p = a.shapes.pages_per_request
-    return fn, (leaves, a.pools[1], a.mtp_pool, verified, final, drafts, _i32(b), _i32(b), _i32(b, p), _i32(b))
+    return fn, (leaves, a.pools[1], a.spec_pool, verified, final, drafts, _i32(b), _i32(b), _i32(b, p), _i32(b))
 
 
 def _build_hidden_logits(a: Abstract):

@@ -322,11 +322,22 @@ def load_drafter(folder: str, dtype) -> Drafter:
         w = np.asarray(tensors.get(name))
         return (w.T if transpose else w).astype(dtype)
 
-    params = {"fc": get("fc.weight", True), "hidden_norm": get("hidden_norm.weight", False),
-              "norm": get("norm.weight", False),
-              "layers": [{k: get(f"layers.{n}.{name}", t) for k, (name, t) in _LAYER.items()}
-                         for n in range(cfg.num_hidden_layers)]}
-    return Drafter(cfg, params, folder)
+    return Drafter(cfg, _layout(cfg, get), folder)
+
+
+def param_shapes(cfg: DFlashConfig) -> dict:
+    """The drafter's params pytree (`load_drafter`'s layout) with each leaf's shape instead of an
+    array: what `ninfer lower` traces the DFlash steps over, from the config alone."""
+    hf = hf_shapes(cfg)
+    return _layout(cfg, lambda name, transpose: hf[name][::-1] if transpose else hf[name])
+
+
+def _layout(cfg: DFlashConfig, get) -> dict:
+    """The params pytree with `get(hf_name, transposed)` at each leaf."""
+    return {"fc": get("fc.weight", True), "hidden_norm": get("hidden_norm.weight", False),
+            "norm": get("norm.weight", False),
+            "layers": [{k: get(f"layers.{n}.{name}", t) for k, (name, t) in _LAYER.items()}
+                       for n in range(cfg.num_hidden_layers)]}
 
 
 # ---- forward ------------------------------------------------------------------------------

@@ -182,3 +182,43 @@ def test_a_folder_without_config_json_exits_2_through_the_entry_point(tmp_path):
     assert out.returncode == 2 and out.stdout == "", out.stderr
     assert out.stderr.startswith("ninfer lower: ") and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "config.json" in out.stderr
+
+
+def _drafter_config_only(tmp_path, block: int = 4) -> str:
+    """A DFlash drafter folder for the built-in model holding config.json alone (issue 35)."""
+    folder = tmp_path / "dflash"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": 1024, "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "dflash_config": {"mask_token_id": 1023, "target_layer_ids": [0, 2], "block_size": block}}))
+    return str(folder)
+
+
+def test_lower_the_dflash_steps_from_a_config_only_drafter(run_lower, tmp_path):
+    """--speculative_method=dflash: the speculative steps are the DFlash ones (the drafter's
+    context pool, its params traced from its config alone), each lowered for CUDA with the
+    target's Triton kernels inside; the drafter's pool has its movers."""
+    drafter = _drafter_config_only(tmp_path)
+    code, out, err = run_lower("--max_concurrency=2", "--speculative_method=dflash", f"--draft_model={drafter}",
+                               "--speculative_tokens=3", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["failed"] == [] and report["lowered"] == len(report["steps"])
+    assert report["shapes"]["speculative_method"] == "dflash" and report["shapes"]["speculative_tokens"] == 3
+    by_name = {s["name"]: s for s in report["steps"]}
+    spec = ["prefill_spec[t=64]", "spec_decode[b=2,k=3]", "spec_commit[b=2,k=3]"]
+    assert [n for n, s in by_name.items() if s["kind"] == "step"] == ["prefill[t=64]", "decode[b=2]"] + spec
+    for name in spec[:2]:  # the target's forward inside: its paged attention and delta-rule kernels
+        assert by_name[name]["custom_calls"].get(TRITON, 0) >= 1, by_name[name]
+    assert {"copy[backend_kv:dflash,n=1]", "pack[backend_kv:dflash,n=1]"} <= set(by_name)
+    assert not any("backend_kv:mtp" in n for n in by_name), "the MTP pool is not built with a drafter"
+
+
+def test_lower_refuses_a_drafter_that_does_not_fit_exit_2(run_lower, tmp_path):
+    drafter = _drafter_config_only(tmp_path, block=3)
+    code, out, err = run_lower("--speculative_method=dflash", f"--draft_model={drafter}", "--speculative_tokens=3")
+    assert code == 2 and out == ""
+    assert "speculative_tokens: 3 drafts: the drafter's block of 3 positions drafts at most 2" in err, err
