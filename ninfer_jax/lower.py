@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator
 
 from ninfer_jax.config import BACKENDS as KERNEL_BACKENDS  # EngineConfig.backend's (the kernel files' backends)
 from ninfer_jax.errors import ConfigError
+from ninfer_jax.lower_abstract import Abstract, i32, sds, spec_pool_id
 
 PLATFORMS = ("cuda", "rocm", "cpu")  # what lowering_platforms accepts for these steps
 GPU_PLATFORMS = ("cuda", "rocm")
@@ -239,127 +240,6 @@ def plan_lowering(config, *, platform: str = "cuda", backend: str | None = None,
     return LowerPlan(shapes=shapes, platform=platform, backend=backend, steps=tuple(select(all_steps(shapes), only)))
 
 
-# ---- the abstract model and pools ------------------------------------------------------------
-
-class Abstract:
-    """The model, its parameters and the pools as ShapeDtypeStructs (built once, on first use)."""
-
-    def __init__(self, plan: LowerPlan):
-        self.plan = plan
-        self.shapes = plan.shapes
-        self.cfg = plan.shapes.cfg
-        self.backend = plan.backend
-
-    @functools.cached_property
-    def dtype(self):
-        from ninfer_jax.model.model import DTYPES
-
-        return DTYPES[self.shapes.dtype]
-
-    def _zeros(self, shapes):
-        import jax
-        import jax.numpy as jnp
-
-        return jax.tree.map(lambda s: jnp.zeros(s, self.dtype), shapes, is_leaf=_is_shape)
-
-    def _split(self, with_mtp: bool):
-        from flax import nnx
-
-        from ninfer_jax.model.modules import HybridLM, split
-        from ninfer_jax.model.weights import mtp_shapes, param_shapes
-
-        def build():  # traced by nnx.eval_shape: the zeros are never allocated
-            mtp = self._zeros(mtp_shapes(self.cfg)) if with_mtp else None
-            return HybridLM(self.cfg, self._zeros(param_shapes(self.cfg)), mtp)
-
-        return split(nnx.eval_shape(build))
-
-    @functools.cached_property
-    def model(self):
-        """(merger, leaves) of HybridLM(cfg, params), as `Model.functional`."""
-        return self._split(with_mtp=False)
-
-    @functools.cached_property
-    def spec_model(self):
-        """(merger, leaves) of HybridLM(cfg, params, mtp), as `MTPSteps`; with a DFlash drafter,
-        (merger, (leaves, drafter params)) of the plain model, as `CompiledSteps.enable_speculative`."""
-        if self.shapes.drafter is None:
-            return self._split(with_mtp=True)
-        import jax
-
-        from ninfer_jax.model import dflash
-
-        merger, leaves = self.model
-        drafter = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, self.dtype),
-                               dflash.param_shapes(self.shapes.drafter), is_leaf=_is_shape)
-        return merger, (leaves, drafter)
-
-    @functools.cached_property
-    def params(self) -> dict:
-        """The loader's params dict (what `lm_head` takes)."""
-        import jax
-
-        from ninfer_jax.model.weights import param_shapes
-
-        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, self.dtype), param_shapes(self.cfg), is_leaf=_is_shape)
-
-    @functools.cached_property
-    def pools(self):
-        """(kv, state) of `init_pools` at the planned capacity."""
-        import jax
-
-        from ninfer_jax.model.pools import init_pools
-
-        s = self.shapes
-        return jax.eval_shape(lambda: init_pools(self.cfg, s.kv_pages, s.state_slots, self.dtype, self.backend))
-
-    @functools.cached_property
-    def spec_pool(self):
-        """The speculative steps' pool: the MTP layers' K/V, or the DFlash drafter's context K/V."""
-        import jax
-
-        from ninfer_jax.model.dflash_steps import init_dflash_pool
-        from ninfer_jax.model.mtp_steps import init_mtp_pool
-
-        s = self.shapes
-        if s.drafter is not None:
-            return jax.eval_shape(lambda: init_dflash_pool(s.drafter, s.mtp_pages, self.dtype, self.backend))
-        return jax.eval_shape(lambda: init_mtp_pool(self.cfg, s.mtp_pages, self.dtype, backend=self.backend))
-
-    def pool(self, pool_id: str):
-        """A pool's pytree by its ledger id (Main KV, StateImage slots, the speculative pool)."""
-        from ledger import MAIN_KV, STATE_POOL
-
-        if pool_id == MAIN_KV:
-            return self.pools[0]
-        return self.pools[1] if pool_id == STATE_POOL else self.spec_pool
-
-
-def spec_pool_id(shapes: Shapes) -> str:
-    """The ledger id of the speculative steps' pool."""
-    from ninfer_jax.model.dflash_steps import DFLASH_POOL
-    from ninfer_jax.model.spec_steps import MTP_POOL
-
-    return MTP_POOL if shapes.drafter is None else DFLASH_POOL
-
-
-def _is_shape(x) -> bool:
-    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
-
-
-def _i32(*shape):
-    import jax
-    import jax.numpy as jnp
-
-    return jax.ShapeDtypeStruct(shape, jnp.int32)
-
-
-def _sds(shape, dtype):
-    import jax
-
-    return jax.ShapeDtypeStruct(tuple(shape), dtype)
-
-
 # ---- builders: (Abstract, **params) -> (jitted function, abstract arguments) ------------------
 # The model steps are jitted by compiled.jit_step, as CompiledSteps jits them; the head and movers as
 # Program and UnitPool do.
@@ -370,7 +250,7 @@ def _build_prefill(a: Abstract, p: int | None = None, t: int | None = None):
     s, (merger, leaves), (kv, state) = a.shapes, a.model, a.pools
     fn = jit_step("prefill", a.cfg, a.backend, merger)
     p = p or s.pages_per_request
-    return fn, (leaves, kv, state, _i32(1, t or s.chunk_size), _i32(1), _i32(1), _i32(1, p), _i32(1))
+    return fn, (leaves, kv, state, i32(1, t or s.chunk_size), i32(1), i32(1), i32(1, p), i32(1))
 
 
 def _build_decode(a: Abstract, b: int):
@@ -378,7 +258,7 @@ def _build_decode(a: Abstract, b: int):
 
     s, (merger, leaves), (kv, state) = a.shapes, a.model, a.pools
     fn = jit_step("decode", a.cfg, a.backend, merger)
-    return fn, (leaves, kv, state, _i32(b), _i32(b), _i32(b, s.pages_per_request), _i32(b))
+    return fn, (leaves, kv, state, i32(b), i32(b), i32(b, s.pages_per_request), i32(b))
 
 
 def _build_prefill_spec(a: Abstract, p: int | None = None, t: int | None = None):
@@ -387,8 +267,8 @@ def _build_prefill_spec(a: Abstract, p: int | None = None, t: int | None = None)
     s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
     fn = jit_step("prefill_spec", a.cfg, a.backend, merger, dcfg=s.drafter)
     p = p or s.pages_per_request
-    return fn, (leaves, kv, state, a.spec_pool, _i32(1, t or s.chunk_size), _i32(1), _i32(1), _i32(1, p),
-                _i32(1, p), _i32(1))
+    return fn, (leaves, kv, state, a.spec_pool, i32(1, t or s.chunk_size), i32(1), i32(1), i32(1, p),
+                i32(1, p), i32(1))
 
 
 def _build_spec_decode(a: Abstract, b: int):
@@ -397,7 +277,7 @@ def _build_spec_decode(a: Abstract, b: int):
     s, (merger, leaves), (kv, state) = a.shapes, a.spec_model, a.pools
     fn = jit_step("spec_decode", a.cfg, a.backend, merger, s.speculative_tokens, s.drafter)
     p = s.pages_per_request
-    return fn, (leaves, kv, state, a.spec_pool, _i32(b), _i32(b), _i32(b, p), _i32(b, p), _i32(b), _i32(b))
+    return fn, (leaves, kv, state, a.spec_pool, i32(b), i32(b), i32(b, p), i32(b, p), i32(b), i32(b))
 
 
 def _build_spec_commit(a: Abstract, b: int):
@@ -410,7 +290,7 @@ def _build_spec_commit(a: Abstract, b: int):
     merger, leaves = a.spec_model
     fn = jit_step("spec_commit", a.cfg, a.backend, merger, dcfg=a.shapes.drafter)
     p = a.shapes.pages_per_request
-    return fn, (leaves, a.pools[1], a.spec_pool, verified, final, drafts, _i32(b), _i32(b), _i32(b, p), _i32(b))
+    return fn, (leaves, a.pools[1], a.spec_pool, verified, final, drafts, i32(b), i32(b), i32(b, p), i32(b))
 
 
 def _build_hidden_logits(a: Abstract):
@@ -418,7 +298,7 @@ def _build_hidden_logits(a: Abstract):
 
     from ninfer_jax.model.model import lm_head
 
-    return jax.jit(lm_head), (a.params, _sds((a.cfg.hidden_size,), a.dtype))
+    return jax.jit(lm_head), (a.params, sds((a.cfg.hidden_size,), a.dtype))
 
 
 def _build_mask_logits(a: Abstract, b: int):
@@ -428,7 +308,7 @@ def _build_mask_logits(a: Abstract, b: int):
     from ninfer_jax.model import token_mask
 
     v = a.cfg.vocab_size
-    return jax.jit(token_mask.mask_logits), (_sds((b, v), jnp.float32), _sds((b, token_mask.words(v)), jnp.uint32))
+    return jax.jit(token_mask.mask_logits), (sds((b, v), jnp.float32), sds((b, token_mask.words(v)), jnp.uint32))
 
 
 def _build_mover(a: Abstract, pool: str, mover: str, n: int):
@@ -439,13 +319,13 @@ def _build_mover(a: Abstract, pool: str, mover: str, n: int):
     from ninfer_jax.program.unit_pool import _JIT
 
     tree = a.pool(pool)
-    leaves = [_sds(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(tree)]  # UnitPool's flatten order
-    idx = _i32(n)
+    leaves = [sds(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(tree)]  # UnitPool's flatten order
+    idx = i32(n)
     if mover == "pack":
         args = (leaves, idx)
     elif mover == "unpack":
         unit_bytes = sum(math.prod(x.shape[1:]) * np.dtype(x.dtype).itemsize for x in leaves)
-        args = (leaves, idx, _sds((n, unit_bytes), jnp.uint8))
+        args = (leaves, idx, sds((n, unit_bytes), jnp.uint8))
     elif mover == "copy":
         args = (leaves, idx, idx)
     elif mover == "hidden":
@@ -484,29 +364,29 @@ def _kernel_case(a: Abstract, name: str) -> tuple[Callable, tuple, dict]:
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
     c, kk = cfg.conv_dim, cfg.linear_conv_kernel_dim
-    pages = _sds((s.kv_pages, PAGE_SIZE, hkv, d), dt)  # a Main KV layer
-    slots = _sds((s.state_slots, hv, dk, dv), f32)  # a StateImage recurrent pool
+    pages = sds((s.kv_pages, PAGE_SIZE, hkv, d), dt)  # a Main KV layer
+    slots = sds((s.state_slots, hv, dk, dv), f32)  # a StateImage recurrent pool
     scale = d ** -0.5
     cases = {
-        "paged_attention.write_kv": (paged_attention.write_kv, (pages, pages, _sds((1, t, hkv, d), dt),
-                                     _sds((1, t, hkv, d), dt), _i32(1, p), _i32(1), _i32(1)), {}),
-        "paged_attention.prefill_attention": (paged_attention.prefill_attention, (_sds((1, t, hq, d), dt), pages,
-                                              pages, _i32(1, p), _i32(1), _i32(1)), {"scale": scale}),
-        "paged_attention.decode_attention": (paged_attention.decode_attention, (_sds((b, hq, d), dt), pages, pages,
-                                             _i32(b, p), _i32(b)), {"scale": scale}),
+        "paged_attention.write_kv": (paged_attention.write_kv, (pages, pages, sds((1, t, hkv, d), dt),
+                                     sds((1, t, hkv, d), dt), i32(1, p), i32(1), i32(1)), {}),
+        "paged_attention.prefill_attention": (paged_attention.prefill_attention, (sds((1, t, hq, d), dt), pages,
+                                              pages, i32(1, p), i32(1), i32(1)), {"scale": scale}),
+        "paged_attention.decode_attention": (paged_attention.decode_attention, (sds((b, hq, d), dt), pages, pages,
+                                             i32(b, p), i32(b)), {"scale": scale}),
         "gdn.chunk_gated_delta_rule": (gdn.chunk_gated_delta_rule, (
-            _sds((1, t, hv, dk), f32), _sds((1, t, hv, dk), f32), _sds((1, t, hv, dv), f32), _sds((1, t, hv), f32),
-            _sds((1, t, hv), f32), _sds((1, hv, dk, dv), f32)), {"chunk_size": GDN_CHUNK}),
+            sds((1, t, hv, dk), f32), sds((1, t, hv, dk), f32), sds((1, t, hv, dv), f32), sds((1, t, hv), f32),
+            sds((1, t, hv), f32), sds((1, hv, dk, dv), f32)), {"chunk_size": GDN_CHUNK}),
         "gdn.recurrent_gated_delta_rule_step": (gdn.recurrent_gated_delta_rule_step, (
-            _sds((b, hv, dk), f32), _sds((b, hv, dk), f32), _sds((b, hv, dv), f32), _sds((b, hv), f32),
-            _sds((b, hv), f32), _sds((b, hv, dk, dv), f32)), {}),
+            sds((b, hv, dk), f32), sds((b, hv, dk), f32), sds((b, hv, dv), f32), sds((b, hv), f32),
+            sds((b, hv), f32), sds((b, hv, dk, dv), f32)), {}),
         "conv1d.causal_conv1d_prefill": (conv1d.causal_conv1d_prefill, (
-            _sds((1, t, c), dt), _sds((1, kk - 1, c), dt), _sds((c, kk), dt), _i32(1)), {}),
+            sds((1, t, c), dt), sds((1, kk - 1, c), dt), sds((c, kk), dt), i32(1)), {}),
         "conv1d.causal_conv1d_update": (conv1d.causal_conv1d_update, (
-            _sds((b, c), dt), _sds((b, kk - 1, c), dt), _sds((c, kk), dt)), {}),
-        "page_copy.gather": (page_copy.gather, (slots, _i32(b)), {}),
-        "page_copy.scatter": (page_copy.scatter, (slots, _i32(b), _sds((b, hv, dk, dv), f32)), {}),
-        "page_copy.copy": (page_copy.copy, (slots, _i32(b), _i32(b)), {}),
+            sds((b, c), dt), sds((b, kk - 1, c), dt), sds((c, kk), dt)), {}),
+        "page_copy.gather": (page_copy.gather, (slots, i32(b)), {}),
+        "page_copy.scatter": (page_copy.scatter, (slots, i32(b), sds((b, hv, dk, dv), f32)), {}),
+        "page_copy.copy": (page_copy.copy, (slots, i32(b), i32(b)), {}),
     }
     return cases[name]
 
