@@ -45,7 +45,8 @@ flags.DEFINE_integer("speculative_tokens", None, "Engine: draft tokens verified 
 flags.DEFINE_string("speculative_method", None, "Engine: where drafts come from: mtp (the model's MTP head) or "
                     "dflash (the DFlash drafter in --draft_model).")
 flags.DEFINE_string("draft_model", None, "Engine: a DFlash drafter folder as published (config.json + "
-                    "safetensors), with --speculative_method=dflash.")
+                    "safetensors), or builtin:tiny-hybrid-dflash (the built-in model's), with "
+                    "--speculative_method=dflash.")
 flags.DEFINE_enum("pause_route", None, ["auto", "snapshot", "replay"],
                   "Engine: how a preempted request keeps its work (auto: the cost model compares copying to Host "
                   "with recomputing).")

@@ -1,6 +1,8 @@
-"""`ninfer bench spec [--json]`: MTP speculative decoding on the trained built-in model.
+"""`ninfer bench spec [--json]`: speculative decoding on the trained built-in model, its MTP head
+against its shipped DFlash drafter (`builtin:tiny-hybrid-dflash`, issue 35) and no drafts.
 
-For C = 1 and 8 and k = 0..4 drafts, side by side in one run on the same model: 4·C requests
+For C = 1 and 8, k = 0..4 MTP drafts and k = 1, 3, 5, 7 DFlash drafts, side by side in one run
+on the same model: 4·C requests
 whose prompts are 48-token windows of held-out English text (the Python documentation topics
 the built-in model was not trained on, `train/corpus.py`), greedy, 128 output tokens each (EOS
 ignored), submitted at once to a running engine after its warm-up, three rounds on the same
@@ -8,17 +10,18 @@ engine. Reported per (C, k): decode tokens/s (output tokens after each request's
 wall time from the first first-token to the last token; the median round, and every round),
 acceptance by draft position (Verify units that emitted draft j ÷ Verify units), mean accepted
 length (tokens per Verify unit) and the tokens, which must equal
-k = 0's (the run fails otherwise). `best_k` and `speedup` per C: the fastest k over k = 0.
+k = 0's (the run fails otherwise). `best_k` and `speedup` per C and method: the fastest k over
+k = 0 (keys `c{C}_k{k}_…` for MTP, `c{C}_dflash_k{k}_…` for DFlash).
 
 Flags after `spec`: --max_tokens N (default 128), --requests_per_lane N (default 4), --repeats N
-(default 3).
+(default 3), --methods mtp,dflash (default both).
 """
 from __future__ import annotations
 
 import sys
 
 from ninfer_jax import ContextCacheConfig, Engine, EngineConfig, SamplingParams
-from ninfer_jax.bench import int_arg
+from ninfer_jax.bench import int_arg, str_arg
 from ninfer_jax.bench.engine_bench import submit_streams
 from ninfer_jax.bench.stats import median
 from ninfer_jax.model.model import load_model
@@ -26,6 +29,8 @@ from ninfer_jax.program.program import Program
 
 LANES = (1, 8)
 DRAFTS = (0, 1, 2, 3, 4)
+DFLASH_DRAFTS = (1, 3, 5, 7)  # the shipped drafter's block of 8 drafts up to 7
+METHODS = ("mtp", "dflash")
 WINDOW = 48
 
 
@@ -47,9 +52,12 @@ def prompts(n: int) -> list[list[int]]:
     raise RuntimeError(f"the held-out topics hold fewer than {n} prompt windows")
 
 
-def _one(model, c: int, k: int, work: list[list[int]], max_tokens: int, repeats: int) -> dict:
+def _one(model, c: int, k: int, work: list[list[int]], max_tokens: int, repeats: int, method: str = "mtp") -> dict:
+    from ninfer_jax.model import builtin
+
+    drafter = dict(speculative_method="dflash", draft_model=builtin.DRAFTER_NAME) if method == "dflash" and k else {}
     cfg = EngineConfig(max_concurrency=c, max_context=256, chunk_size=64, progress=False, speculative_tokens=k,
-                       context_cache=ContextCacheConfig(enabled=False))
+                       context_cache=ContextCacheConfig(enabled=False), **drafter)
     engine = Engine(cfg, program=Program(cfg, model=model))
     sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     rates, tokens = [], None
@@ -80,30 +88,49 @@ def run(argv: list[str]) -> dict:
     max_tokens = int_arg(argv, "max_tokens", 128)
     per_lane = int_arg(argv, "requests_per_lane", 4)
     repeats = int_arg(argv, "repeats", 3)
+    methods = _methods(argv)
     model = load_model("builtin:tiny-hybrid")
     out: dict = {"model": "builtin:tiny-hybrid", "max_tokens": max_tokens, "requests_per_lane": per_lane,
-                 "repeats": repeats}
+                 "repeats": repeats, "methods": list(methods)}
     for c in LANES:
         work = prompts(per_lane * c)
-        rows = {}
-        for k in DRAFTS:
-            print(f"[bench spec] C={c} k={k}: warming up and decoding {len(work)} requests", file=sys.stderr)
-            rows[k] = _one(model, c, k, work, max_tokens, repeats)
-            if rows[k]["tokens"] != rows[0]["tokens"]:
-                raise AssertionError(f"C={c} k={k}: the tokens differ from k=0's (doctrine 1)")
-        base = rows[0]["decode_tokens_per_s"]
-        best = max(DRAFTS, key=lambda k: rows[k]["decode_tokens_per_s"])
-        for k in DRAFTS:
-            r = rows[k]
-            pre = f"c{c}_k{k}_"
-            out[pre + "decode_tokens_per_s"] = round(r["decode_tokens_per_s"], 1)
-            out[pre + "rounds_tokens_per_s"] = r["rounds"]
-            out[pre + "speedup"] = round(r["decode_tokens_per_s"] / base, 3)
-            if k:
-                out[pre + "mean_accepted_length"] = r["mean_accepted_length"]
-                out[pre + "acceptance_by_position"] = r["acceptance_by_position"]
-            out[pre + "decode_steps"] = r["decode_steps"]
-        out[f"c{c}_best_k"] = best
-        out[f"c{c}_best_speedup"] = round(rows[best]["decode_tokens_per_s"] / base, 3)
+        print(f"[bench spec] C={c} k=0: warming up and decoding {len(work)} requests", file=sys.stderr)
+        base_row = _one(model, c, 0, work, max_tokens, repeats)
+        for method in methods:
+            rows = {0: base_row}
+            for k in (DRAFTS if method == "mtp" else DFLASH_DRAFTS):
+                if not k:
+                    continue
+                print(f"[bench spec] C={c} {method} k={k}: warming up and decoding {len(work)} requests",
+                      file=sys.stderr)
+                rows[k] = _one(model, c, k, work, max_tokens, repeats, method)
+                if rows[k]["tokens"] != base_row["tokens"]:
+                    raise AssertionError(f"C={c} {method} k={k}: the tokens differ from k=0's (doctrine 1)")
+            _report(out, c, "" if method == "mtp" else "dflash_", rows)
     out["tokens_equal_across_k"] = True
     return out
+
+
+def _methods(argv: list[str]) -> tuple[str, ...]:
+    methods = tuple(m for m in str_arg(argv, "methods", ",".join(METHODS)).split(",") if m)
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ValueError(f"--methods: each of {METHODS}, got {bad or 'none'}")
+    return methods
+
+
+def _report(out: dict, c: int, tag: str, rows: dict) -> None:
+    """One method's rows (k → figures, k = 0 the no-draft run) as `c{c}_{tag}k{k}_…` keys."""
+    base = rows[0]["decode_tokens_per_s"]
+    best = max(rows, key=lambda k: rows[k]["decode_tokens_per_s"])
+    for k, r in rows.items():
+        pre = f"c{c}_{tag}k{k}_"
+        out[pre + "decode_tokens_per_s"] = round(r["decode_tokens_per_s"], 1)
+        out[pre + "rounds_tokens_per_s"] = r["rounds"]
+        out[pre + "speedup"] = round(r["decode_tokens_per_s"] / base, 3)
+        if k:
+            out[pre + "mean_accepted_length"] = r["mean_accepted_length"]
+            out[pre + "acceptance_by_position"] = r["acceptance_by_position"]
+        out[pre + "decode_steps"] = r["decode_steps"]
+    out[f"c{c}_{tag}best_k"] = best
+    out[f"c{c}_{tag}best_speedup"] = round(rows[best]["decode_tokens_per_s"] / base, 3)

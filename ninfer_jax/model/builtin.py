@@ -39,6 +39,9 @@ HF_CONFIG = {
 
 
 TRAINED_PACKAGE = "ninfer_jax.builtin_model"  # the trained model's shipped folder
+# The shipped DFlash drafter of the trained model (scripts/train_builtin_dflash.py, issue 35):
+# `--speculative_method=dflash --draft_model=builtin:tiny-hybrid-dflash`.
+DRAFTER_NAME = "builtin:tiny-hybrid-dflash"
 
 
 def trained_folder() -> str:
@@ -46,6 +49,13 @@ def trained_folder() -> str:
     from importlib import resources
 
     return str(resources.files(TRAINED_PACKAGE))
+
+
+def drafter_folder() -> str:
+    """The shipped folder of the built-in model's DFlash drafter (`DRAFTER_NAME`)."""
+    import os
+
+    return os.path.join(trained_folder(), "dflash")
 
 
 def trained_metrics() -> dict:

@@ -225,7 +225,12 @@ def _is_drafter_config(path: str) -> bool:
 
 def find_drafter_folder(folder: str) -> str:
     """`folder` itself when its config.json is a drafter's, else its one subfolder that holds
-    one (some published folders nest the drafter one level down)."""
+    one (some published folders nest the drafter one level down). `builtin.DRAFTER_NAME` names
+    the built-in model's shipped drafter."""
+    from ninfer_jax.model import builtin
+
+    if folder == builtin.DRAFTER_NAME:
+        folder = builtin.drafter_folder()
     if not os.path.isdir(folder):
         raise ConfigError("draft_model", f"{folder!r} is not a folder")
     if _is_drafter_config(folder):
@@ -330,6 +335,15 @@ def param_shapes(cfg: DFlashConfig) -> dict:
     array: what `ninfer lower` traces the DFlash steps over, from the config alone."""
     hf = hf_shapes(cfg)
     return _layout(cfg, lambda name, transpose: hf[name][::-1] if transpose else hf[name])
+
+
+def hf_tensors(cfg: DFlashConfig, params: dict) -> dict[str, np.ndarray]:
+    """`params` (`load_drafter`'s layout) as the published tensors by name: Linears back to
+    `[out, in]` (what a trained drafter is saved as; `load_drafter` reads it back)."""
+    out = {"fc.weight": params["fc"].T, "hidden_norm.weight": params["hidden_norm"], "norm.weight": params["norm"]}
+    for n, layer in enumerate(params["layers"]):
+        out.update({f"layers.{n}.{name}": (layer[k].T if t else layer[k]) for k, (name, t) in _LAYER.items()})
+    return {k: np.ascontiguousarray(np.asarray(v)) for k, v in out.items()}
 
 
 def _layout(cfg: DFlashConfig, get) -> dict:

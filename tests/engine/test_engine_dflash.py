@@ -81,6 +81,23 @@ def test_dflash_equals_plain_decode(tiny_model, drafter, k, c):
     assert_idle_and_empty(engine)
 
 
+def test_the_shipped_drafter_is_accepted_and_exact(tiny_model):
+    """`builtin:tiny-hybrid-dflash` (scripts/train_builtin_dflash.py) on held-out text: the same
+    tokens as plain decoding, and most drafts accepted (a random drafter's Verify units emit
+    about one token: its own)."""
+    from ninfer_jax.bench.spec_bench import prompts
+    from ninfer_jax.model import builtin
+
+    work = [(p, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)) for p in prompts(4)]
+    plain = make_engine(tiny_model, max_concurrency=2, max_context=256, chunk_size=64)
+    engine = make_engine(tiny_model, max_concurrency=2, max_context=256, chunk_size=64, speculative_tokens=3,
+                         speculative_method="dflash", draft_model=builtin.DRAFTER_NAME)
+    assert _run(engine, work) == _run(plain, work)
+    stats = engine.stats()
+    assert stats["spec_mean_accepted_length"] >= 2.0, stats["spec_mean_accepted_length"]
+    assert_idle_and_empty(engine)
+
+
 @pytest.mark.parametrize("route", ["replay", "snapshot"])
 def test_dflash_pauses_keep_outputs(tiny_model, drafter, route):
     """Main KV at its CFG-6 minimum: two long requests cannot co-reside, the younger is paused
