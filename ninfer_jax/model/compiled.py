@@ -80,9 +80,9 @@ def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = 
     pools donated (_DONATED). `dcfg`: a DFlash drafter's config; the speculative steps are then
     dflash_steps' (their params: the target's leaves and the drafter's)."""
     if dcfg is not None and kind in _DFLASH:
-        fn = functools.partial(_DFLASH[kind], k=k) if kind == "spec_decode" else _DFLASH[kind]
+        fn = functools.partial(_DFLASH[kind], k=k) if kind.startswith("spec_decode") else _DFLASH[kind]
         return jax.jit(functools.partial(fn, cfg=cfg, dcfg=dcfg, backend=backend, merger=merger),
-                       static_argnames=("all_logits",) if kind == "prefill_spec" else (),
+                       static_argnames=("all_logits",) if kind.startswith("prefill_spec") else (),
                        donate_argnums=_DONATED[kind])
     fn = {"prefill": prefill_chunk, "decode": decode_step, "prefill_spec": spec_steps.prefill_spec,
           "spec_decode": functools.partial(spec_steps.spec_decode, k=k), "spec_commit": spec_steps.spec_commit,
@@ -94,7 +94,8 @@ def jit_step(kind: str, cfg: ModelConfig, backend: str, merger, k: int | None = 
 
 
 _DFLASH = {"prefill_spec": dflash_steps.prefill_spec, "spec_decode": dflash_steps.spec_decode,
-           "spec_commit": dflash_steps.spec_commit}
+           "spec_commit": dflash_steps.spec_commit, "prefill_spec_media": dflash_steps.prefill_spec_media,
+           "spec_decode_media": dflash_steps.spec_decode_media, "spec_commit_media": dflash_steps.spec_commit_media}
 
 
 def _pool_signature(kv, state) -> tuple:
@@ -261,7 +262,7 @@ class CompiledSteps:
             self._spec_leaves = (leaves, jax.tree.map(lambda a: jnp.asarray(a, self.model.dtype), drafter.params))
             self._spec_merger = merger
             self._spec = {kind: jit_step(kind, self.model.config, self.backend, merger, k, drafter.config)
-                          for kind in _DFLASH}
+                          for kind in _DFLASH}  # the media variants too: jit compiles at first call
             return
         mtp = MTPSteps.for_model(self.model, self.backend)
         self.speculative_tokens = k
@@ -273,9 +274,7 @@ class CompiledSteps:
 
     def _spec_step(self, kind: str):
         """The speculative step `kind`; a media variant is jitted at its first call."""
-        if kind not in self._spec:
-            if self.drafter_config is not None:  # refused where it could arise (config.py)
-                raise ValueError(f"{kind}: media with a DFlash drafter is not built")
+        if kind not in self._spec:  # a DFlash drafter's are all built in enable_speculative
             self._spec[kind] = jit_step(kind, self.model.config, self.backend, self._spec_merger,
                                         self.speculative_tokens)
         return self._spec[kind]

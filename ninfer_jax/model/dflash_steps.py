@@ -32,6 +32,7 @@ import jax.numpy as jnp
 
 from ninfer_jax.model import dflash
 from ninfer_jax.model.pools import PAGE_SIZE
+from ninfer_jax.model.spec_steps import text_rotary
 from ninfer_jax.model.steps import prefill_chunk
 from ninfer_jax.model.verify_step import keep_verified, verify_step
 from pallas_kernels import paged_attention
@@ -101,23 +102,41 @@ def draft(dparams: dict, dcfg: dflash.DFlashConfig, pool: dict, embed, logits_of
 # context pool and the rows' page tables into it (the MTP pool's place in spec_steps.py).
 
 def prefill_spec(params, kv, state, pool, tokens, start_pos, lengths, page_table, table, slots, *, cfg, dcfg,
-                 merger, backend: str = "xla", all_logits: bool = False):
+                 merger, backend: str = "xla", all_logits: bool = False, embeds=None, embed_rows=None, rope=None):
     """A main prefill chunk that also appends the chunk's positions to the drafter's context.
-    Returns (logits, hidden, kv, state, pool)."""
+    Media (`embeds`, `embed_rows`, `rope` as `prefill_chunk` takes them) change the target's
+    inputs and rotary positions only: the drafter ropes its context at cache positions (see
+    `spec_decode`). Returns (logits, hidden, kv, state, pool)."""
     leaves, dparams = params
     logits, last, kv, state, features = prefill_chunk(leaves, kv, state, tokens, start_pos, lengths, page_table,
                                                       slots, cfg=cfg, backend=backend, merger=merger,
-                                                      all_logits=all_logits, capture=dcfg.target_layer_ids)
+                                                      all_logits=all_logits, capture=dcfg.target_layer_ids,
+                                                      embeds=embeds, embed_rows=embed_rows, rope=rope)
     pool = write_context(dparams, dcfg, pool, features, start_pos, lengths, table, backend=backend)
     return logits, last, kv, state, pool
 
 
+def prefill_spec_media(params, kv, state, pool, tokens, start_pos, lengths, page_table, table, slots, embeds,
+                       embed_rows, rope, mtp_rope, **kw):
+    """`prefill_spec` with its media inputs positional, in the MTP media step's signature
+    (`mtp_rope`, the MTP layers' rotary positions, has no use here)."""
+    del mtp_rope
+    return prefill_spec(params, kv, state, pool, tokens, start_pos, lengths, page_table, table, slots,
+                        embeds=embeds, embed_rows=embed_rows, rope=rope, **kw)
+
+
 def spec_decode(params, kv, state, pool, tokens, positions, page_table, table, slots, wanted, *, k: int, cfg, dcfg,
-                merger, backend: str = "xla"):
+                merger, backend: str = "xla", delta=None):
     """tokens `[B]` ledger[n], positions `[B]` the frontier n (context 0..n-1 in the pool), wanted
     `[B]` drafts to verify (0..k). One block per row drafts d1..dk, then the Verify unit scores
     ledger[n], d1..dk at n..n+k. Nothing is committed. Returns (logits `[B, k+1, V]`, drafts
-    `[B, k]`, final, verified (with the positions' target features under "features"), kv, pool)."""
+    `[B, k]`, final, verified (with the positions' target features under "features"), kv, pool).
+
+    `delta` `[B]` (a request with media): the rows' rotary minus cache positions, for the
+    Verify unit's target positions. The drafter has one rotary axis of its own and is given
+    cache positions, context and block alike, as the reference drafts with its own position
+    counter whatever the target's M-RoPE: its relative distances are those of the token
+    sequence it reads."""
     leaves, dparams = params
     lm = merger(leaves)
     drafts, _ = draft(dparams, dcfg, pool, lm.embed_tokens, lm.logits, tokens, positions, table)
@@ -126,8 +145,14 @@ def spec_decode(params, kv, state, pool, tokens, positions, page_table, table, s
     logits, final, kv, verified, features = verify_step(leaves, kv, state, jnp.concatenate([tokens[:, None], drafts], 1),
                                                         positions, lengths, page_table, slots, cfg=cfg,
                                                         backend=backend, merger=merger,
-                                                        capture=dcfg.target_layer_ids)
+                                                        capture=dcfg.target_layer_ids,
+                                                        rope=text_rotary(positions, delta, k + 1))
     return logits, drafts, final, dict(verified, features=features), kv, pool
+
+
+def spec_decode_media(params, kv, state, pool, tokens, positions, page_table, table, slots, wanted, delta, **kw):
+    """`spec_decode` with the rows' rotary offsets `delta` positional."""
+    return spec_decode(params, kv, state, pool, tokens, positions, page_table, table, slots, wanted, delta=delta, **kw)
 
 
 def spec_commit(params, state, pool, verified, final, drafts, positions, keep, table, slots, *, cfg, dcfg, merger,
@@ -140,3 +165,10 @@ def spec_commit(params, state, pool, verified, final, drafts, positions, keep, t
     lengths = jnp.where(slots >= 0, keep + 1, 0).astype(jnp.int32)
     pool = write_context(dparams, dcfg, pool, verified["features"], positions, lengths, table, backend=backend)
     return state, pool
+
+
+def spec_commit_media(params, state, pool, verified, final, drafts, positions, keep, table, slots, delta, **kw):
+    """`spec_commit` in the MTP media step's signature: the context is kept at cache positions,
+    so `delta` has no use here."""
+    del delta
+    return spec_commit(params, state, pool, verified, final, drafts, positions, keep, table, slots, **kw)

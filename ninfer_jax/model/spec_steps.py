@@ -60,7 +60,7 @@ def prefill_spec(params, kv, state, mtp, tokens, start_pos, lengths, page_table,
     return logits, last, kv, state, mtp
 
 
-def _rotary(positions, delta, width: int):
+def text_rotary(positions, delta, width: int):
     """Text rotary triples `[3, B, width]` of positions p .. p+width-1 shifted by `delta` (equal
     axes: bit-identical to the 1-D rotary of the shifted positions)."""
     if delta is None:
@@ -86,7 +86,7 @@ def spec_decode(params, kv, state, mtp, tokens, positions, page_table, mtp_table
     for i in range(k):  # CKP-3: step 0 is the frontier−1 bridge, later steps recurse on MTP hiddens
         write = (active & ((i == 0) | (i < wanted))).astype(jnp.int32)
         out, mtp = mtp_chunk(lm, mtp, hidden[:, None], token[:, None], positions - 1 + i, write, mtp_table,
-                              cfg, backend, rope=_rotary(positions - 1 + i, delta, 1))
+                              cfg, backend, rope=text_rotary(positions - 1 + i, delta, 1))
         hidden = out[:, 0]
         token = jnp.argmax(lm.logits(hidden), axis=-1).astype(jnp.int32)
         drafts.append(token)
@@ -95,7 +95,7 @@ def spec_decode(params, kv, state, mtp, tokens, positions, page_table, mtp_table
     lengths = jnp.where(active, wanted + 1, 0).astype(jnp.int32)
     logits, final, kv, verified = verify_step(params, kv, state, verify_tokens, positions, lengths, page_table,
                                               slots, cfg=cfg, backend=backend, merger=merger,
-                                              rope=_rotary(positions, delta, k + 1))
+                                              rope=text_rotary(positions, delta, k + 1))
     return logits, drafts, final, verified, kv, mtp
 
 
@@ -109,5 +109,5 @@ def spec_commit(params, state, mtp, verified, final, drafts, positions, keep, mt
     k = drafts.shape[1]
     lengths = jnp.where(slots >= 0, keep, 0).astype(jnp.int32)
     _, mtp = mtp_chunk(lm, mtp, final[:, :k], drafts, positions, lengths, mtp_table, cfg, backend,
-                       rope=_rotary(positions, delta, k))
+                       rope=text_rotary(positions, delta, k))
     return state, mtp

@@ -32,7 +32,6 @@ from ninfer_jax.model.multimodal import encode_media
 from ninfer_jax.model.vision import warm_buckets
 from ninfer_jax.model.mtp_steps import init_mtp_pool
 from ninfer_jax.model.spec_steps import MTP_POOL
-from ninfer_jax.errors import ConfigError
 from ninfer_jax.model.dflash import load_drafter
 from ninfer_jax.model.dflash_steps import DFLASH_POOL, init_dflash_pool
 from ninfer_jax.model.compiled import CompiledSteps
@@ -95,9 +94,6 @@ class Program:
         # (issue 35, dflash_steps.py); `spec_pool` is its ledger id.
         self.spec_pool, drafter = MTP_POOL, None
         if self.speculative_tokens and config.speculative_method == "dflash":
-            if self.model.vision is not None:
-                raise ConfigError("speculative_method", "a DFlash drafter with image or video input is not built; "
-                                                        "use mtp")
             drafter = load_drafter(config.draft_model, np.dtype(jnp.dtype(self.model.dtype)))
             self.spec_pool = DFLASH_POOL
         if self.speculative_tokens:

@@ -245,6 +245,41 @@ def test_mtp_with_media_equals_mtp_off(vl_mtp):
     assert_idle_and_empty(engine)
 
 
+def test_dflash_with_media_equals_plain(vl, tmp_path):
+    """A DFlash drafter on the VL checkpoint (issue 35; a random drafter reading layers 0 and
+    3, k = 3): image requests (one sampled) and a text one at C = 2 give the tokens of decoding
+    without drafts, the first paused inside its image (Replay there) and again in decode by
+    Snapshot. The Verify units take the rows' rotary offsets; the drafter's context sits at
+    cache positions, written by prefill chunks that carry the image."""
+    from test_engine_dflash import write_drafter
+
+    cfg = vl[1].config
+    drafter = write_drafter(tmp_path / "dflash", hidden=cfg.hidden_size, vocab=cfg.vocab_size,
+                            layers=(0, len(cfg.layer_types) - 1), block=4)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    work = [(*_prompt(31, 1), greedy), (*_prompt(32, 2), SamplingParams(temperature=0.8, seed=5, max_tokens=8,
+                                                                          ignore_eos=True)),
+            (text_ids(np.random.default_rng(33), 30), None, greedy)]
+    plain = _engine(vl, max_concurrency=1)
+    want = [_run(plain, p, sp, **({"images": im} if im else {})).token_ids for p, im, sp in work]
+    engine = _engine(vl, speculative_tokens=3, speculative_method="dflash", draft_model=drafter)
+    assert engine.program.spec_pool == "backend_kv:dflash"
+    handles = [engine.submit(p, sp, **({"images": im} if im else {})) for p, im, sp in work]
+    start = work[0][0].index(VS) + 1
+    req = _reach_inside_media(engine, handles[0].request_id, start, start + 16)
+    assert engine.core.pause(handles[0].request_id, "snapshot") and req.paused_route == "replay"
+    for _ in range(300):
+        engine.step()
+        engine.check_integrity()
+        if req.phase == "decode" and len(req.output) >= 2:
+            break
+    assert engine.core.pause(handles[0].request_id, "snapshot"), (req.phase, req.output, want[0])
+    run_until_done(engine, handles)
+    assert [h.result().token_ids for h in handles] == want
+    assert engine.stats()["spec_verify_units"] > 0
+    assert_idle_and_empty(engine)
+
+
 PRESSURE = [  # (Main KV pages above the CFG-6 minimum, spare StateImage slots, Host bytes, media cache bytes)
     pytest.param(1, 0, 0, 0, id="kv+1-slots0-host0-mediacache0"),
     pytest.param(2, 2, 1 << 16, None, id="kv+2-slots2-host64k"),
