@@ -123,7 +123,8 @@ class EngineConfig:
     # step (0: off; 1..4 with the checkpoint's MTP head, which needs mtp_num_hidden_layers > 0).
     speculative_tokens: int = 0
     # the drafts' source (issue 35): "mtp", the model's own MTP head; "dflash", the DFlash drafter
-    # in `draft_model` (a folder as published), k up to its block_size - 1
+    # in `draft_model` (a folder as published; None with the built-in model: its shipped drafter,
+    # model/builtin.DRAFTER_NAME), k up to its block_size - 1
     speculative_method: str = "mtp"
     draft_model: str | None = None
     media: MediaConfig = dataclasses.field(default_factory=MediaConfig)  # image and video input
@@ -169,8 +170,13 @@ class EngineConfig:
             raise ConfigError("speculative_tokens", f"must be an int in [0, {most}] (0: off) with "
                                                     f"speculative_method={self.speculative_method}, got {k!r}")
         if self.speculative_method == "dflash":
+            from ninfer_jax.model import builtin  # its names only: no JAX
+
+            if self.draft_model is None and self.model == builtin.NAME:  # its shipped drafter, the demo
+                object.__setattr__(self, "draft_model", builtin.DRAFTER_NAME)
             if not isinstance(self.draft_model, str) or not self.draft_model:
-                raise ConfigError("draft_model", "speculative_method=dflash needs the drafter's folder")
+                raise ConfigError("draft_model", "speculative_method=dflash needs the drafter's folder (only the "
+                                                 f"built-in model has one by default, {builtin.DRAFTER_NAME})")
         elif self.draft_model is not None:
             raise ConfigError("draft_model", f"a drafter folder goes with speculative_method=dflash, not "
                                              f"{self.speculative_method}")

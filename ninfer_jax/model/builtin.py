@@ -40,7 +40,7 @@ HF_CONFIG = {
 
 TRAINED_PACKAGE = "ninfer_jax.builtin_model"  # the trained model's shipped folder
 # The shipped DFlash drafter of the trained model (scripts/train_builtin_dflash.py, issue 35):
-# `--speculative_method=dflash --draft_model=builtin:tiny-hybrid-dflash`.
+# `--speculative_method=dflash` alone on the built-in model, or `--draft_model=` this name.
 DRAFTER_NAME = "builtin:tiny-hybrid-dflash"
 
 

@@ -148,7 +148,9 @@ def test_bad_settings_are_typed_before_loading(tmp_path, drafter):
     with pytest.raises(ConfigError, match="dflash2 is not built"):
         EngineConfig(speculative_tokens=2, speculative_method="dflash2")
     with pytest.raises(ConfigError, match="draft_model: speculative_method=dflash needs"):
-        EngineConfig(speculative_tokens=2, speculative_method="dflash")
+        EngineConfig(model=str(tmp_path), speculative_tokens=2, speculative_method="dflash")
+    # the built-in model drafts with its shipped drafter by default (the demo)
+    assert EngineConfig(speculative_tokens=2, speculative_method="dflash").draft_model == "builtin:tiny-hybrid-dflash"
     with pytest.raises(ConfigError, match="draft_model: a drafter folder goes with"):
         EngineConfig(speculative_tokens=2, draft_model=drafter)
     with pytest.raises(ConfigError, match=r"speculative_tokens: must be an int in \[0, 15\]"):
