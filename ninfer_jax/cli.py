@@ -27,7 +27,6 @@ from absl import app, flags
 from ninfer_jax import bench, cli_help
 from ninfer_jax.cli_flags import (UsageError, chat_messages, engine_config_from_flags, image_files, prompt_arg,
                                   sampling, stdin_turns)
-from ninfer_jax.program.host_heap import own_process
 
 FLAGS = flags.FLAGS
 
@@ -413,7 +412,6 @@ def run(argv: list[str] | None = None, commands: Commands = ENGINE) -> None:
     """The program: help before absl (which knows only its own --help), then the flags, then the
     command; exits with its status."""
     argv = list(sys.argv if argv is None else argv)
-    own_process()  # the engine may drop JAX's staging caches after warm-up (program/host_heap, issue 33)
     quiet_routine_jax_logs()
     asked = cli_help.help_request(argv[1:], commands.help, commands.benches)
     if asked is not None:

@@ -23,12 +23,10 @@ rss   A bf16 checkpoint of DENSE (config.json + model.safetensors, written once 
       steps added to the RSS they started from, and the compiled step's scratch buffer
       (`memory_analysis().temp_size_in_bytes`). "runtime" is read once JAX's CPU client exists
       (one op run) and the model's modules (flax) are imported, so the runtime's own memory is
-      not counted as the model's. After the warm-up the script settles the heap as the engine
-      does in the `ninfer` command (`host_heap.settle`: JAX's staging caches dropped, heap
-      trimmed). With --cache DIR the step goes through JAX's persistent compilation cache in
-      DIR (`compile_cache.enable`): run it twice and the second process reads the executable
-      back instead of compiling it, as a second `ninfer generate` / `serve` does; the report
-      says which it did.
+      not counted as the model's. With --cache DIR the step goes through JAX's persistent
+      compilation cache in DIR (`compile_cache.enable`): run it twice and the second process
+      reads the executable back instead of compiling it, as a second `ninfer generate` /
+      `serve` does; the report says which it did.
 
     python scripts/bench_dtype.py time            # both models, 2 and 8 rows
     python scripts/bench_dtype.py rss             # a process of its own: peak RSS of a bf16 decode
@@ -60,7 +58,6 @@ from ninfer_jax.model.model import Model, load_model
 from ninfer_jax.model.compiled import CompiledSteps
 from ninfer_jax.model.pools import PAGE_SIZE, init_pools
 from ninfer_jax.model.weights import hf_tensors, param_shapes
-from ninfer_jax.program import host_heap
 
 _ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}
 DENSE = {
@@ -245,7 +242,6 @@ def run_rss(a) -> dict:
     if a.cache:
         from ninfer_jax import compile_cache
         compile_cache.enable(a.cache)
-    host_heap.own_process()  # as the `ninfer` command does: `settle` below drops JAX's staging caches
     # The runtime, before any weight: the CPU client exists and the model's modules (flax, 34 MiB
     # of code that `Model.functional` would import later) are loaded, as in any NInfer process.
     importlib.import_module("ninfer_jax.model.modules")
@@ -262,9 +258,7 @@ def run_rss(a) -> dict:
     d.run(2)  # compile (or read back) and warm up
     if counter is not None:
         counter.stop()
-    rss["compiled"] = _status_kb("VmRSS") * 1024
-    host_heap.settle()  # as the engine does after its warm-up: staging caches dropped, heap trimmed
-    rss["compiled_trimmed"] = _status_kb("VmRSS") * 1024
+    rss["compiled"], rss["compiled_trimmed"] = _rss_trimmed()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := the current RSS
     d.run(a.steps)

@@ -39,7 +39,7 @@ from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.engine.reuse import SavePoint
 from ninfer_jax.engine.types import Completion, SamplingParams
 from ninfer_jax.errors import EngineClosedError, EngineFailure, QueueFullError, RequestError
-from ninfer_jax.program import host_heap
+from ninfer_jax.program.host_heap import release_free_heap
 
 log = logging.getLogger("ninfer.engine")
 
@@ -96,7 +96,7 @@ class Engine:
 
             program.cost_model = checked(cost_model)
         self.program.warmup()
-        host_heap.settle()  # what loading and compiling freed, glibc would keep as RSS (issue 33)
+        release_free_heap()  # what loading and compiling freed, glibc would keep as RSS (issue 33)
         self.warmup_seconds = time.perf_counter() - t0
         grammars = None
         if self.tokenizer is not None:  # structured output compiles against the model's vocabulary

@@ -1,11 +1,10 @@
-"""`host_heap` (issue 33): freed heap that glibc keeps goes back to the OS."""
+"""`release_free_heap` (issue 33): freed heap that glibc keeps goes back to the OS."""
 import ctypes.util
 import platform
 
 import numpy as np
 import pytest
 
-from ninfer_jax.program import host_heap
 from ninfer_jax.program.host_heap import release_free_heap
 
 
@@ -14,11 +13,8 @@ def _rss() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
-GLIBC = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                           reason="malloc_trim is glibc's")
-
-
-@GLIBC
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="malloc_trim is glibc's")
 def test_freed_heap_returns_to_the_os():
     assert ctypes.util.find_library("c")
     # 256 MiB in 64 KiB blocks (below glibc's mmap threshold: they come from the heap), then a
@@ -31,13 +27,3 @@ def test_freed_heap_returns_to_the_os():
     after = _rss()
     assert before - after > 128 * 2**20, (before, after)
     del pin
-
-
-
-def test_own_process_marks_the_process(monkeypatch):
-    monkeypatch.setattr(host_heap, "_owned", False)  # restored after: other tests' engines are not owned
-    assert not host_heap.owns_process()
-    host_heap.own_process()
-    assert host_heap.owns_process()
-    monkeypatch.setattr(host_heap, "_libc", lambda: None)
-    assert release_free_heap() is False, "not glibc: nothing to call"
