@@ -26,6 +26,8 @@ class Abstract:
         import jax
         import jax.numpy as jnp
 
+        from ninfer_jax.model.weights import is_shape
+
         return jax.tree.map(lambda s: jnp.zeros(s, self.dtype), shapes, is_leaf=is_shape)
 
     def _split(self, with_mtp: bool):
@@ -54,6 +56,7 @@ class Abstract:
         import jax
 
         from ninfer_jax.model import dflash
+        from ninfer_jax.model.weights import is_shape
 
         merger, leaves = self.model
         drafter = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, self.dtype),
@@ -65,7 +68,7 @@ class Abstract:
         """The loader's params dict (what `lm_head` takes)."""
         import jax
 
-        from ninfer_jax.model.weights import param_shapes
+        from ninfer_jax.model.weights import is_shape, param_shapes
 
         return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, self.dtype), param_shapes(self.cfg), is_leaf=is_shape)
 
@@ -108,9 +111,6 @@ def spec_pool_id(shapes: Any) -> str:  # lower.Shapes
 
     return MTP_POOL if shapes.drafter is None else DFLASH_POOL
 
-
-def is_shape(x) -> bool:
-    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
 
 
 def i32(*shape):

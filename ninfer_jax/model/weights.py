@@ -38,6 +38,11 @@ VISION_NAME = re.compile(r"^(model\.)?(visual|vision_tower|model\.visual)\.")
 _PREFIXES = ("model.language_model.", "language_model.model.", "language_model.")
 
 
+def is_shape(x) -> bool:
+    """A leaf of a shapes tree (`param_shapes`, `dflash.param_shapes`): a tuple of ints."""
+    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+
+
 def param_shapes(cfg: ModelConfig) -> dict:
     """The shape of every parameter, as the pytree `load_params` returns."""
     h = cfg.hidden_size

@@ -32,6 +32,7 @@ import optax
 
 from ninfer_jax.model import dflash
 from ninfer_jax.model.steps import layer_outputs
+from ninfer_jax.model.weights import is_shape
 
 DECAY = 4.0  # the loss weight of the j-th draft: exp(-(j-1)/DECAY)
 
@@ -115,11 +116,7 @@ def init_drafter(dcfg: dflash.DFlashConfig, seed: int) -> dict:
             return np.ones(shape, np.float32)
         return (rng.standard_normal(shape) / math.sqrt(shape[0])).astype(np.float32)
 
-    return jax.tree.map(leaf, dflash.param_shapes(dcfg), is_leaf=_is_shape)
-
-
-def _is_shape(x) -> bool:
-    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+    return jax.tree.map(leaf, dflash.param_shapes(dcfg), is_leaf=is_shape)
 
 
 def _block_logits(dparams, dcfg, head, embeds_of, feats, seq, anchors):
